@@ -1,0 +1,23 @@
+//! What a registration declares about retries, resolved against its descriptor.
+
+use std::sync::Arc;
+
+/// A registration's retry declaration, with the retry address already resolved
+/// (the registration's own destination, else the descriptor's single address).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Declaration {
+    /// The cap: the attempt at which a retry becomes a dead letter (first delivery is 1).
+    pub max_attempts: Option<u32>,
+    /// Where exhausted (and, by default, undecodable) deliveries go.
+    pub dead_letter: Option<Arc<str>>,
+    /// Where retry copies go.
+    pub retry_address: Option<Arc<str>>,
+}
+
+impl Declaration {
+    /// True when the registration declares a cap or a dead letter, which puts `retry()`
+    /// on the runtime retry path for brokers that count nothing.
+    pub fn declares_retries(&self) -> bool {
+        self.max_attempts.is_some() || self.dead_letter.is_some()
+    }
+}

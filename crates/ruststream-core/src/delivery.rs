@@ -1,0 +1,204 @@
+//! A message as received from a broker.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::headers::{Headers, MalformedRetryCount};
+
+/// Which attempt at handling a message this delivery is; the first delivery is attempt 1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Attempt {
+    number: u32,
+    source: AttemptSource,
+}
+
+/// Where an [`Attempt`] number came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttemptSource {
+    /// The broker's own redelivery count (JetStream `delivered`, Pulsar's redelivery
+    /// count on Shared and KeyShared, the memory broker's count).
+    Broker,
+    /// The runtime's count in the `x-ruststream-retry-count` header (attempt = header + 1).
+    Header,
+}
+
+impl Attempt {
+    /// The broker counted `number` deliveries (1 for the first).
+    pub const fn from_broker(number: u32) -> Self {
+        Self {
+            number: if number == 0 { 1 } else { number },
+            source: AttemptSource::Broker,
+        }
+    }
+
+    /// The attempt the retry-count header says; absent is attempt 1. A malformed header
+    /// counts as absent and is returned beside it, so the caller can log it.
+    pub fn from_headers(headers: &Headers) -> (Self, Option<MalformedRetryCount>) {
+        let (count, malformed) = match headers.retry_count() {
+            Ok(count) => (count.unwrap_or(0), None),
+            Err(e) => (0, Some(e)),
+        };
+        (
+            Self {
+                number: count.saturating_add(1),
+                source: AttemptSource::Header,
+            },
+            malformed,
+        )
+    }
+
+    /// The attempt number, 1 for the first delivery.
+    pub const fn number(self) -> u32 {
+        self.number
+    }
+
+    /// Who counted it.
+    pub const fn source(self) -> AttemptSource {
+        self.source
+    }
+}
+
+/// Broker-specific position of a delivery, for logs and extractors.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Metadata {
+    /// Kafka partition.
+    pub partition: Option<i32>,
+    /// Kafka offset.
+    pub offset: Option<i64>,
+    /// Stream sequence (JetStream, the memory broker).
+    pub sequence: Option<u64>,
+    /// Milliseconds since the Unix epoch, when the broker reports a timestamp.
+    pub timestamp_ms: Option<i64>,
+}
+
+impl Metadata {
+    /// Metadata with a Kafka position.
+    pub const fn kafka(partition: i32, offset: i64) -> Self {
+        Self {
+            partition: Some(partition),
+            offset: Some(offset),
+            sequence: None,
+            timestamp_ms: None,
+        }
+    }
+
+    /// Metadata with a stream sequence.
+    pub const fn sequence(sequence: u64) -> Self {
+        Self {
+            partition: None,
+            offset: None,
+            sequence: Some(sequence),
+            timestamp_ms: None,
+        }
+    }
+}
+
+/// One received message: payload, headers, key, where it came from and which attempt it is.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    payload: Bytes,
+    headers: Headers,
+    key: Option<Bytes>,
+    address: Arc<str>,
+    metadata: Metadata,
+    attempt: Attempt,
+}
+
+impl Delivery {
+    /// A first-attempt delivery from `address`. Transports fill the rest with the `with_*` methods.
+    pub fn new(address: Arc<str>, payload: Bytes) -> Self {
+        Self {
+            payload,
+            headers: Headers::new(),
+            key: None,
+            address,
+            metadata: Metadata::default(),
+            attempt: Attempt::from_broker(1),
+        }
+    }
+
+    /// Sets the headers.
+    pub fn with_headers(mut self, headers: Headers) -> Self {
+        self.headers = headers;
+        self
+    }
+
+    /// Sets the key.
+    pub fn with_key(mut self, key: Option<Bytes>) -> Self {
+        self.key = key;
+        self
+    }
+
+    /// Sets the broker metadata.
+    pub fn with_metadata(mut self, metadata: Metadata) -> Self {
+        self.metadata = metadata;
+        self
+    }
+
+    /// Sets the attempt.
+    pub fn with_attempt(mut self, attempt: Attempt) -> Self {
+        self.attempt = attempt;
+        self
+    }
+
+    /// The payload bytes, as received.
+    pub fn payload(&self) -> &Bytes {
+        &self.payload
+    }
+
+    /// The headers, as received.
+    pub fn headers(&self) -> &Headers {
+        &self.headers
+    }
+
+    /// The key (Kafka record key, Pulsar partition key), if any.
+    pub fn key(&self) -> Option<&Bytes> {
+        self.key.as_ref()
+    }
+
+    /// The address it was read from (topic or subject).
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
+    /// The address as a shared string.
+    pub fn address_arc(&self) -> &Arc<str> {
+        &self.address
+    }
+
+    /// Broker position data.
+    pub fn metadata(&self) -> &Metadata {
+        &self.metadata
+    }
+
+    /// Which attempt this is.
+    pub fn attempt(&self) -> Attempt {
+        self.attempt
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::RETRY_COUNT_HEADER;
+
+    #[test]
+    fn attempt_is_header_plus_one() {
+        let mut h = Headers::new();
+        assert_eq!(Attempt::from_headers(&h).0.number(), 1);
+        h.insert(RETRY_COUNT_HEADER, "2");
+        let (a, bad) = Attempt::from_headers(&h);
+        assert_eq!(
+            (a.number(), a.source(), bad),
+            (3, AttemptSource::Header, None)
+        );
+        h.insert(RETRY_COUNT_HEADER, "-4");
+        let (a, bad) = Attempt::from_headers(&h);
+        assert_eq!(a.number(), 1);
+        assert!(bad.is_some());
+        h.insert(RETRY_COUNT_HEADER, "4294967295");
+        assert_eq!(Attempt::from_headers(&h).0.number(), u32::MAX);
+    }
+}

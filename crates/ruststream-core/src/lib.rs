@@ -1,0 +1,51 @@
+//! The contract every ruststream transport implements.
+//!
+//! A transport turns a broker into [`Descriptor`]s (what to read), [`Subscription`]s
+//! (deliveries in, settlements out) and a confirmed [`Publish`]. It declares its
+//! [`Capabilities`] per subscription, and the [`plan()`] function decides, from those
+//! alone, what each [`HandlerOutcome`] becomes. The runtime lives in the `ruststream`
+//! crate; nothing here knows a broker or an async runtime.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use ruststream_core::{plan, Capabilities, CopyTarget, Declaration, HandlerOutcome, Settle, Verdict};
+//!
+//! // A broker that settles and counts nothing (Core NATS), with a cap of 3.
+//! let declaration = Declaration {
+//!     max_attempts: Some(3),
+//!     dead_letter: Some(Arc::from("orders.dead")),
+//!     retry_address: Some(Arc::from("orders")),
+//! };
+//! let below = plan(
+//!     Verdict::Outcome(HandlerOutcome::retry_after(Duration::from_secs(1))),
+//!     1,
+//!     &declaration,
+//!     &Capabilities::NOTHING,
+//! );
+//! assert_eq!(below.copy.unwrap().target, CopyTarget::Retry { retry_count: 1 });
+//!
+//! let at_cap = plan(Verdict::Outcome(HandlerOutcome::retry()), 3, &declaration, &Capabilities::NOTHING);
+//! assert_eq!(at_cap.copy.unwrap().target, CopyTarget::DeadLetter);
+//! assert_eq!(at_cap.settle, Settle::Nothing);
+//! ```
+
+mod capabilities;
+mod declaration;
+mod delivery;
+mod descriptor;
+mod error;
+mod headers;
+mod outcome;
+pub mod plan;
+mod publish;
+
+pub use capabilities::{Capabilities, DeadLetters, DelayedRedelivery, Verb};
+pub use declaration::Declaration;
+pub use delivery::{Attempt, AttemptSource, Delivery, Metadata};
+pub use descriptor::{Descriptor, Subscription};
+pub use error::{AckError, PublishError, PublishErrorKind, SubscribeError};
+pub use headers::{Headers, MalformedRetryCount, RETRY_COUNT_HEADER};
+pub use outcome::{HandlerOutcome, OutcomeKind};
+pub use plan::{Copy, CopyTarget, Plan, Settle, Verdict, may_copy, plan};
+pub use publish::{BoxFuture, Outgoing, Publish};
