@@ -1,0 +1,300 @@
+//! The app: registrations, state, start, stop.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ruststream_core::Descriptor;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::middleware::Service;
+use crate::registration::Registration;
+use crate::runtime::{Activity, Env, Mount, Observe};
+use crate::state::StateMap;
+
+/// How long running handlers get to finish on stop, unless set.
+pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A service: registrations over one or more brokers, and shared state.
+///
+/// ```
+/// use ruststream::{on, App, HandlerOutcome, Message, memory::MemoryBroker};
+///
+/// async fn greet(Message(name): Message<String>) -> HandlerOutcome {
+///     println!("hello, {name}");
+///     HandlerOutcome::ack()
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), ruststream::StartError> {
+/// let broker = MemoryBroker::new();
+/// let app = App::new().register(on(broker.topic("names"), greet));
+/// let running = app.start().await?;
+/// broker.publisher().to("names").send("world").await.unwrap();
+/// running.stop().await;
+/// # Ok(()) }
+/// ```
+pub struct App {
+    mounts: Vec<Box<dyn Mount>>,
+    state: StateMap,
+    shutdown_timeout: Duration,
+    stop_tx: watch::Sender<bool>,
+    observer: Option<Arc<dyn Observe>>,
+    activity: Arc<Activity>,
+}
+
+impl Default for App {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for App {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("App")
+            .field(
+                "registrations",
+                &self.mounts.iter().map(|m| m.name()).collect::<Vec<_>>(),
+            )
+            .field("state", &self.state)
+            .field("shutdown_timeout", &self.shutdown_timeout)
+            .finish()
+    }
+}
+
+impl App {
+    /// An app with no registrations.
+    pub fn new() -> Self {
+        Self {
+            mounts: Vec::new(),
+            state: StateMap::default(),
+            shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
+            stop_tx: watch::channel(false).0,
+            observer: None,
+            activity: Arc::default(),
+        }
+    }
+
+    /// Adds a registration (see [`on`](crate::on)).
+    pub fn register<D: Descriptor, S: Service>(mut self, registration: Registration<D, S>) -> Self {
+        self.mounts.push(Box::new(registration));
+        self
+    }
+
+    /// Shares `value` with handlers that take `State<T>`. One value per type.
+    pub fn state<T: Send + Sync + 'static>(mut self, value: T) -> Self {
+        self.state.insert(value);
+        self
+    }
+
+    /// How long running handlers get to finish on stop (default 30 s).
+    pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
+        self.shutdown_timeout = timeout;
+        self
+    }
+
+    /// A handle that stops the app, usable before and after it starts.
+    pub fn stop_handle(&self) -> StopHandle {
+        StopHandle {
+            tx: self.stop_tx.clone(),
+        }
+    }
+
+    pub(crate) fn observe(mut self, observer: Arc<dyn Observe>) -> Self {
+        self.observer = Some(observer);
+        self
+    }
+
+    pub(crate) fn activity(&self) -> Arc<Activity> {
+        Arc::clone(&self.activity)
+    }
+
+    /// Every violation of every registration (SPEC E4), without opening anything.
+    pub fn validate(&self) -> Result<(), StartError> {
+        let violations: Vec<Violation> = self
+            .mounts
+            .iter()
+            .flat_map(|m| {
+                m.violations(&self.state).into_iter().map(|rule| Violation {
+                    registration: m.name().to_owned(),
+                    address: m.address().to_owned(),
+                    rule,
+                })
+            })
+            .collect();
+        if violations.is_empty() {
+            Ok(())
+        } else {
+            Err(StartError::Invalid(violations))
+        }
+    }
+
+    /// Validates every registration, opens every subscription and starts their drivers.
+    /// On any error nothing keeps running.
+    pub async fn start(self) -> Result<Running, StartError> {
+        self.validate()?;
+        let env = Env {
+            state: Arc::new(self.state),
+            stop: self.stop_tx.subscribe(),
+            drain_timeout: self.shutdown_timeout,
+            observer: self.observer,
+            activity: self.activity,
+        };
+        let mut drivers = Vec::with_capacity(self.mounts.len());
+        for mount in self.mounts {
+            let (name, address) = (mount.name().to_owned(), mount.address().to_owned());
+            match mount.start(env.clone()).await {
+                Ok(driver) => drivers.push(driver),
+                Err(detail) => {
+                    let running = Running {
+                        stop_tx: self.stop_tx,
+                        drivers,
+                    };
+                    running.stop().await;
+                    return Err(StartError::Open {
+                        registration: name,
+                        address,
+                        detail,
+                    });
+                }
+            }
+        }
+        Ok(Running {
+            stop_tx: self.stop_tx,
+            drivers,
+        })
+    }
+
+    /// Starts, then runs until SIGINT, SIGTERM or a [`StopHandle`], then drains.
+    pub async fn run(self) -> Result<(), StartError> {
+        let running = self.start().await?;
+        let mut stop = running.stop_tx.subscribe();
+        tokio::select! {
+            () = shutdown_signal() => tracing::info!("stop signal received; draining"),
+            _ = stop.wait_for(|s| *s) => {}
+        }
+        running.stop().await;
+        Ok(())
+    }
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGTERM; only SIGINT stops the app");
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// Stops an app: fetching stops, running handlers get the shutdown timeout to finish.
+#[derive(Debug, Clone)]
+pub struct StopHandle {
+    tx: watch::Sender<bool>,
+}
+
+impl StopHandle {
+    /// Asks the app to stop. Returns at once; [`Running::wait`] sees the end.
+    pub fn stop(&self) {
+        self.tx.send_replace(true);
+    }
+}
+
+/// A started app. Dropping it stops the app without waiting.
+#[derive(Debug)]
+pub struct Running {
+    stop_tx: watch::Sender<bool>,
+    drivers: Vec<JoinHandle<()>>,
+}
+
+impl Running {
+    /// A handle that stops the app.
+    pub fn stop_handle(&self) -> StopHandle {
+        StopHandle {
+            tx: self.stop_tx.clone(),
+        }
+    }
+
+    /// Stops fetching, lets running handlers finish within the shutdown timeout, settles
+    /// what finished and closes every subscription (SPEC E3).
+    pub async fn stop(self) {
+        self.stop_tx.send_replace(true);
+        self.wait().await;
+    }
+
+    /// Waits until every subscription has ended (after a stop, or when the brokers close them).
+    pub async fn wait(mut self) {
+        for driver in self.drivers.drain(..) {
+            if let Err(e) = driver.await {
+                tracing::error!(error = %e, "a subscription driver failed");
+            }
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if !self.drivers.is_empty() {
+            self.stop_tx.send_replace(true);
+        }
+    }
+}
+
+/// One rule one registration breaks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    /// The registration's name.
+    pub registration: String,
+    /// The descriptor's address.
+    pub address: String,
+    /// The rule, for an operator.
+    pub rule: String,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "registration `{}` on `{}`: {}",
+            self.registration, self.address, self.rule
+        )
+    }
+}
+
+/// Why the app did not start. No subscription is left open.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StartError {
+    /// Registrations break rules; every one is listed.
+    #[error("the app refuses to start; {} rule(s) broken:{}", .0.len(), list(.0))]
+    Invalid(Vec<Violation>),
+    /// A subscription could not be opened.
+    #[error(
+        "registration `{registration}` on `{address}` could not open its subscription: {detail}"
+    )]
+    Open {
+        /// The registration's name.
+        registration: String,
+        /// The descriptor's address.
+        address: String,
+        /// What the broker said.
+        detail: String,
+    },
+}
+
+fn list(violations: &[Violation]) -> String {
+    violations.iter().map(|v| format!("\n  - {v}")).collect()
+}

@@ -1,0 +1,102 @@
+//! Extractors: what a handler's arguments are made from.
+
+mod types;
+
+use std::fmt;
+use std::sync::Arc;
+
+use ruststream_core::Delivery;
+
+pub use types::{Decoded, Message, Meta, Payload, State};
+
+use crate::publisher::Publisher;
+use crate::state::StateMap;
+
+/// A delivery on its way to a handler, with what the registration shares with it.
+#[derive(Debug)]
+pub struct Incoming {
+    delivery: Delivery,
+    context: Arc<Context>,
+}
+
+impl Incoming {
+    pub(crate) fn new(delivery: Delivery, context: Arc<Context>) -> Self {
+        Self { delivery, context }
+    }
+
+    /// The delivery as received.
+    pub fn delivery(&self) -> &Delivery {
+        &self.delivery
+    }
+
+    /// What the registration shares with every call.
+    pub fn context(&self) -> &Context {
+        &self.context
+    }
+
+    pub(crate) fn into_delivery(self) -> Delivery {
+        self.delivery
+    }
+}
+
+/// What a registration shares with every handler call.
+#[derive(Debug)]
+pub struct Context {
+    pub(crate) registration: Arc<str>,
+    pub(crate) state: Arc<StateMap>,
+    pub(crate) publisher: Publisher,
+}
+
+impl Context {
+    /// The registration's name.
+    pub fn registration(&self) -> &str {
+        &self.registration
+    }
+
+    /// The app's state.
+    pub fn state(&self) -> &StateMap {
+        &self.state
+    }
+
+    /// The publisher of the registration's broker.
+    pub fn publisher(&self) -> &Publisher {
+        &self.publisher
+    }
+}
+
+/// Why an extractor refused a delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    /// What was being extracted (`Message<orders::Order>` ...).
+    pub extractor: &'static str,
+    /// Why, for an operator.
+    pub reason: String,
+}
+
+impl fmt::Display for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} could not be extracted: {}",
+            self.extractor, self.reason
+        )
+    }
+}
+
+impl std::error::Error for Rejection {}
+
+/// A handler argument made from the incoming delivery.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be a handler argument",
+    note = "handler arguments implement `FromDelivery`: Message<T>, Payload, Headers, Meta, Attempt, Delivery, State<T>, Publisher"
+)]
+pub trait FromDelivery: Sized + Send + 'static {
+    /// Extracts the value; a rejection follows the registration's failure policy (SPEC E1).
+    fn from_delivery(incoming: &Incoming) -> Result<Self, Rejection>;
+
+    /// Checked at startup: what this extractor needs that the app lacks.
+    fn requirement(state: &StateMap) -> Option<String> {
+        let _ = state;
+        None
+    }
+}

@@ -1,0 +1,167 @@
+//! The built-in extractors.
+
+use std::any::type_name;
+use std::marker::PhantomData;
+use std::ops::Deref;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use ruststream_core::{Attempt, Delivery, Headers, Metadata};
+use serde::de::DeserializeOwned;
+
+use super::{FromDelivery, Incoming, Rejection};
+use crate::codec::{Codec, Json};
+use crate::publisher::Publisher;
+use crate::state::StateMap;
+
+/// The payload decoded from JSON into `T`. An undecodable payload never reaches the
+/// handler: it follows the registration's failure policy (SPEC E1).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message<T>(pub T);
+
+impl<T> Message<T> {
+    /// The decoded value.
+    pub fn into_inner(self) -> T {
+        self.0
+    }
+}
+
+impl<T> Deref for Message<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<T: DeserializeOwned + Send + 'static> FromDelivery for Message<T> {
+    fn from_delivery(incoming: &Incoming) -> Result<Self, Rejection> {
+        decode::<T, Json>(incoming, type_name::<Self>()).map(Message)
+    }
+}
+
+/// The payload decoded into `T` with codec `C`, for formats other than JSON.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decoded<T, C>(pub T, pub PhantomData<C>);
+
+impl<T, C> Deref for Decoded<T, C> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<T: DeserializeOwned + Send + 'static, C: Codec> FromDelivery for Decoded<T, C> {
+    fn from_delivery(incoming: &Incoming) -> Result<Self, Rejection> {
+        decode::<T, C>(incoming, type_name::<Self>()).map(|v| Decoded(v, PhantomData))
+    }
+}
+
+fn decode<T: DeserializeOwned, C: Codec>(
+    incoming: &Incoming,
+    extractor: &'static str,
+) -> Result<T, Rejection> {
+    C::decode(incoming.delivery().payload()).map_err(|reason| Rejection {
+        extractor,
+        reason: format!("{} decode failed: {reason}", C::NAME),
+    })
+}
+
+/// The raw payload bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Payload(pub Bytes);
+
+impl FromDelivery for Payload {
+    fn from_delivery(incoming: &Incoming) -> Result<Self, Rejection> {
+        Ok(Payload(incoming.delivery().payload().clone()))
+    }
+}
+
+impl FromDelivery for Headers {
+    fn from_delivery(incoming: &Incoming) -> Result<Self, Rejection> {
+        Ok(incoming.delivery().headers().clone())
+    }
+}
+
+impl FromDelivery for Attempt {
+    fn from_delivery(incoming: &Incoming) -> Result<Self, Rejection> {
+        Ok(incoming.delivery().attempt())
+    }
+}
+
+impl FromDelivery for Delivery {
+    fn from_delivery(incoming: &Incoming) -> Result<Self, Rejection> {
+        Ok(incoming.delivery().clone())
+    }
+}
+
+/// Where and how the delivery arrived.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Meta {
+    /// Which attempt this is (1 for the first delivery) and who counted it.
+    pub attempt: Attempt,
+    /// The key, if any.
+    pub key: Option<Bytes>,
+    /// The address it was read from.
+    pub address: Arc<str>,
+    /// Broker position (partition, offset, sequence).
+    pub metadata: Metadata,
+}
+
+impl FromDelivery for Meta {
+    fn from_delivery(incoming: &Incoming) -> Result<Self, Rejection> {
+        let d = incoming.delivery();
+        Ok(Meta {
+            attempt: d.attempt(),
+            key: d.key().cloned(),
+            address: Arc::clone(d.address_arc()),
+            metadata: *d.metadata(),
+        })
+    }
+}
+
+/// Shared state given to [`App::state`](crate::App::state). A handler asking for a type
+/// the app does not have makes the app refuse to start.
+#[derive(Debug)]
+pub struct State<T>(pub Arc<T>);
+
+impl<T> Clone for State<T> {
+    fn clone(&self) -> Self {
+        State(Arc::clone(&self.0))
+    }
+}
+
+impl<T> Deref for State<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<T: Send + Sync + 'static> FromDelivery for State<T> {
+    fn from_delivery(incoming: &Incoming) -> Result<Self, Rejection> {
+        incoming
+            .context()
+            .state()
+            .get::<T>()
+            .map(State)
+            .ok_or_else(|| Rejection {
+                extractor: type_name::<Self>(),
+                reason: "the app has no such state".to_owned(),
+            })
+    }
+
+    fn requirement(state: &StateMap) -> Option<String> {
+        (!state.contains::<T>()).then(|| {
+            format!(
+                "the handler takes State<{}> but the app was given none (App::state)",
+                type_name::<T>()
+            )
+        })
+    }
+}
+
+impl FromDelivery for Publisher {
+    fn from_delivery(incoming: &Incoming) -> Result<Self, Rejection> {
+        Ok(incoming.context().publisher().clone())
+    }
+}

@@ -1,0 +1,174 @@
+//! An in-memory broker: the same app with no server, for the quick start and for tests.
+//!
+//! Named addresses; every consumer group on an address gets every message, and the
+//! subscriptions of one group compete for them. Deliveries are settled one by one,
+//! counted (a native redelivery count) and can be redelivered after a delay, like a
+//! JetStream consumer. Queues are bounded: a publish waits while a group holds
+//! `capacity` unfinished messages. Messages published to an address before any group
+//! exists wait there for the first group.
+//!
+//! [`MemoryTopic::runtime_retries`] turns the native count and delay off, so the
+//! runtime's copy path (the `x-ruststream-retry-count` header) runs as on Kafka.
+
+mod group;
+mod topic;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use ruststream_core::{BoxFuture, Outgoing, Publish, PublishError};
+
+pub use topic::{MemorySubscription, MemoryTopic};
+
+use crate::publisher::Publisher;
+use group::{Group, Stored};
+
+/// Unfinished messages a group holds before publishers wait.
+pub const DEFAULT_CAPACITY: usize = 10_000;
+
+/// The in-memory broker. Cheap to clone; clones share the broker.
+#[derive(Clone, Debug)]
+pub struct MemoryBroker {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    addresses: Mutex<HashMap<String, Address>>,
+    capacity: usize,
+    sequence: AtomicU64,
+    recording: bool,
+}
+
+#[derive(Debug, Default)]
+struct Address {
+    groups: HashMap<String, Arc<Group>>,
+    /// Published before any group existed; the first group takes them.
+    waiting: Vec<Stored>,
+    /// Everything published here, when the broker records.
+    log: Vec<Outgoing>,
+}
+
+impl Default for MemoryBroker {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryBroker {
+    /// A broker with the default capacity.
+    pub fn new() -> Self {
+        Self::with_capacity(DEFAULT_CAPACITY)
+    }
+
+    /// A broker whose groups each hold at most `capacity` unfinished messages.
+    pub fn with_capacity(capacity: usize) -> Self {
+        Self::build(capacity.max(1), false)
+    }
+
+    /// A broker that also keeps every published message for [`MemoryBroker::published`].
+    pub fn recording() -> Self {
+        Self::build(DEFAULT_CAPACITY, true)
+    }
+
+    fn build(capacity: usize, recording: bool) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                addresses: Mutex::default(),
+                capacity,
+                sequence: AtomicU64::new(1),
+                recording,
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Address>> {
+        self.inner
+            .addresses
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A subscription descriptor on `address` (group `default`).
+    pub fn topic(&self, address: impl Into<String>) -> MemoryTopic {
+        MemoryTopic::new(self.clone(), address.into())
+    }
+
+    /// A publisher to this broker.
+    pub fn publisher(&self) -> Publisher {
+        Publisher::new(Arc::new(self.clone()))
+    }
+
+    /// Every message published to `address` so far, in order (only on a
+    /// [`recording`](MemoryBroker::recording) broker; empty otherwise).
+    pub fn published(&self, address: &str) -> Vec<Outgoing> {
+        self.lock()
+            .get(address)
+            .map(|a| a.log.clone())
+            .unwrap_or_default()
+    }
+
+    /// True when no group has a message ready, unacknowledged or delayed.
+    pub fn is_idle(&self) -> bool {
+        self.lock()
+            .values()
+            .all(|a| a.groups.values().all(|g| g.is_idle()))
+    }
+
+    /// Unfinished messages of `group` on `address`.
+    pub fn depth(&self, address: &str, group: &str) -> usize {
+        self.lock()
+            .get(address)
+            .and_then(|a| a.groups.get(group))
+            .map_or(0, |g| g.depth())
+    }
+
+    pub(crate) fn group(&self, address: &str, name: &str) -> Arc<Group> {
+        let mut addresses = self.lock();
+        let entry = addresses.entry(address.to_owned()).or_default();
+        if let Some(group) = entry.groups.get(name) {
+            return Arc::clone(group);
+        }
+        let group = Group::new(self.inner.capacity);
+        for message in entry.waiting.drain(..) {
+            group.push_unbounded(message);
+        }
+        entry.groups.insert(name.to_owned(), Arc::clone(&group));
+        group
+    }
+
+    /// Publishes, waiting while a group is full.
+    pub async fn publish(&self, message: Outgoing) {
+        let stored = Stored {
+            payload: message.payload.clone(),
+            headers: message.headers.clone(),
+            key: message.key.clone(),
+            sequence: self.inner.sequence.fetch_add(1, Ordering::Relaxed),
+        };
+        let groups: Vec<Arc<Group>> = {
+            let mut addresses = self.lock();
+            let address = addresses.entry(message.address.clone()).or_default();
+            if address.groups.is_empty() {
+                address.waiting.push(stored.clone());
+            }
+            let groups = address.groups.values().cloned().collect();
+            if self.inner.recording {
+                address.log.push(message);
+            }
+            groups
+        };
+        for group in groups {
+            group.push(stored.clone()).await;
+        }
+    }
+}
+
+impl Publish for MemoryBroker {
+    fn publish(&self, message: Outgoing) -> BoxFuture<'_, Result<(), PublishError>> {
+        Box::pin(async move {
+            MemoryBroker::publish(self, message).await;
+            Ok(())
+        })
+    }
+}

@@ -1,0 +1,156 @@
+//! The memory broker's descriptor and subscription.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use ruststream_core::{
+    AckError, Attempt, Capabilities, DeadLetters, Declaration, DelayedRedelivery, Delivery,
+    Descriptor, Metadata, Publish, Settle, SubscribeError, Subscription, Verb,
+};
+
+use super::MemoryBroker;
+use super::group::Group;
+
+/// A subscription on a memory address: every group gets every message; subscriptions of
+/// one group compete.
+#[derive(Debug, Clone)]
+pub struct MemoryTopic {
+    broker: MemoryBroker,
+    address: String,
+    group: String,
+    runtime_retries: bool,
+}
+
+impl MemoryTopic {
+    pub(crate) fn new(broker: MemoryBroker, address: String) -> Self {
+        Self {
+            broker,
+            address,
+            group: "default".to_owned(),
+            runtime_retries: false,
+        }
+    }
+
+    /// Reads as consumer group `name` (default `default`).
+    pub fn group(mut self, name: impl Into<String>) -> Self {
+        self.group = name.into();
+        self
+    }
+
+    /// Behaves like a broker that counts nothing and cannot delay (Kafka): attempts travel
+    /// in the `x-ruststream-retry-count` header of runtime copies. `retry()` without a
+    /// declaration still redelivers at once, like Kafka `Commit::Tracked`.
+    pub fn runtime_retries(mut self) -> Self {
+        self.runtime_retries = true;
+        self
+    }
+}
+
+impl Descriptor for MemoryTopic {
+    type Subscription = MemorySubscription;
+
+    fn address(&self) -> &str {
+        &self.address
+    }
+
+    fn retry_address(&self) -> Option<&str> {
+        Some(&self.address)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        if self.runtime_retries {
+            Capabilities {
+                ack: Verb::Native,
+                drop: Verb::AsAck,
+                redeliver: Verb::Native,
+                delayed_redelivery: DelayedRedelivery::Unsupported,
+                native_count: false,
+                dead_letters: DeadLetters::Runtime,
+                holds_original: true,
+            }
+        } else {
+            Capabilities {
+                ack: Verb::Native,
+                drop: Verb::Native,
+                redeliver: Verb::Native,
+                delayed_redelivery: DelayedRedelivery::Native,
+                native_count: true,
+                dead_letters: DeadLetters::Runtime,
+                holds_original: true,
+            }
+        }
+    }
+
+    fn publisher(&self) -> Arc<dyn Publish> {
+        Arc::new(self.broker.clone())
+    }
+
+    async fn open(self, _declaration: &Declaration) -> Result<MemorySubscription, SubscribeError> {
+        let group = self.broker.group(&self.address, &self.group);
+        Ok(MemorySubscription {
+            group,
+            address: Arc::from(self.address.as_str()),
+            runtime_retries: self.runtime_retries,
+            outstanding: HashSet::new(),
+        })
+    }
+}
+
+/// An open memory subscription.
+#[derive(Debug)]
+pub struct MemorySubscription {
+    group: Arc<Group>,
+    address: Arc<str>,
+    runtime_retries: bool,
+    outstanding: HashSet<u64>,
+}
+
+impl Subscription for MemorySubscription {
+    type Receipt = u64;
+
+    async fn next(&mut self) -> Option<Result<(Delivery, u64), SubscribeError>> {
+        let (tag, message, delivered) = self.group.pop().await;
+        self.outstanding.insert(tag);
+        let attempt = if self.runtime_retries {
+            let (attempt, malformed) = Attempt::from_headers(&message.headers);
+            if let Some(error) = malformed {
+                tracing::warn!(address = &*self.address, %error, "counting it as the first attempt");
+            }
+            attempt
+        } else {
+            Attempt::from_broker(delivered)
+        };
+        let delivery = Delivery::new(Arc::clone(&self.address), message.payload)
+            .with_headers(message.headers)
+            .with_key(message.key)
+            .with_metadata(Metadata::sequence(message.sequence))
+            .with_attempt(attempt);
+        Some(Ok((delivery, tag)))
+    }
+
+    async fn settle(&mut self, tag: u64, settle: Settle) -> Result<(), AckError> {
+        self.outstanding.remove(&tag);
+        let known = match settle {
+            Settle::Nothing => {
+                self.outstanding.insert(tag);
+                true
+            }
+            Settle::Ack | Settle::Drop => self.group.remove(tag),
+            Settle::Redeliver => self.group.requeue(tag),
+            Settle::RedeliverAfter(delay) => self.group.requeue_after(tag, delay),
+        };
+        if known {
+            Ok(())
+        } else {
+            Err(AckError::Failed(format!(
+                "delivery {tag} is not outstanding on `{}`",
+                self.address
+            )))
+        }
+    }
+
+    async fn close(self) {
+        // Unsettled deliveries go back to the group, as on a disconnect.
+        self.group.release(self.outstanding);
+    }
+}

@@ -1,0 +1,92 @@
+//! Typed publishing, inside handlers and outside the app.
+
+use std::fmt;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use ruststream_core::{Outgoing, Publish, PublishError, PublishErrorKind};
+use serde::Serialize;
+
+use crate::codec::{Codec, Json};
+
+/// Publishes to one broker, waiting for its confirmation. Cheap to clone. A handler gets
+/// its registration's broker publisher by taking a `Publisher` argument.
+#[derive(Clone)]
+pub struct Publisher {
+    inner: Arc<dyn Publish>,
+}
+
+impl fmt::Debug for Publisher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Publisher")
+    }
+}
+
+impl Publisher {
+    /// A publisher over a transport's confirmed publish.
+    pub fn new(inner: Arc<dyn Publish>) -> Self {
+        Self { inner }
+    }
+
+    /// Starts a message to `address`.
+    pub fn to(&self, address: impl Into<String>) -> PublishBuilder<'_> {
+        PublishBuilder {
+            publisher: self,
+            message: Outgoing::new(address, Bytes::new()),
+        }
+    }
+
+    /// Publishes a prepared message.
+    pub async fn publish(&self, message: Outgoing) -> Result<(), PublishError> {
+        self.inner.publish(message).await
+    }
+
+    /// The transport's publish.
+    pub fn as_publish(&self) -> &Arc<dyn Publish> {
+        &self.inner
+    }
+}
+
+/// A message being prepared: add a key and headers, then send a value or bytes.
+#[derive(Debug)]
+#[must_use = "nothing is published until `send` or `send_bytes` is awaited"]
+pub struct PublishBuilder<'p> {
+    publisher: &'p Publisher,
+    message: Outgoing,
+}
+
+impl PublishBuilder<'_> {
+    /// Sets the key.
+    pub fn key(mut self, key: impl Into<Bytes>) -> Self {
+        self.message.key = Some(key.into());
+        self
+    }
+
+    /// Adds a header.
+    pub fn header(mut self, name: impl Into<String>, value: impl Into<Bytes>) -> Self {
+        self.message.headers.append(name, value);
+        self
+    }
+
+    /// Encodes `value` as JSON and publishes it.
+    pub async fn send<T: Serialize + ?Sized>(self, value: &T) -> Result<(), PublishError> {
+        self.send_with::<Json, T>(value).await
+    }
+
+    /// Encodes `value` with codec `C` and publishes it.
+    pub async fn send_with<C: Codec, T: Serialize + ?Sized>(
+        mut self,
+        value: &T,
+    ) -> Result<(), PublishError> {
+        let payload = C::encode(value)
+            .map_err(|e| PublishError::new(&self.message.address, PublishErrorKind::Encode, e))?;
+        self.message.payload = Bytes::from(payload);
+        self.publisher.publish(self.message).await
+    }
+
+    /// Publishes raw bytes.
+    pub async fn send_bytes(mut self, payload: impl Into<Bytes>) -> Result<(), PublishError> {
+        self.message.payload = payload.into();
+        self.publisher.publish(self.message).await
+    }
+}

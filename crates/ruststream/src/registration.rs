@@ -1,0 +1,217 @@
+//! A registration binds a handler to a subscription descriptor, with its retry rules.
+
+use std::any::type_name;
+use std::sync::Arc;
+
+use ruststream_core::{Declaration, Descriptor, may_copy};
+
+use crate::handler::{Handler, HandlerService};
+use crate::middleware::{Layer, Service};
+use crate::state::StateMap;
+
+/// What happens to a delivery an extractor refuses (an undecodable payload, SPEC E1).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum FailurePolicy {
+    /// To the dead-letter address when one is declared, else dropped with an error log
+    /// naming the address and the decode error. The default.
+    #[default]
+    DeadLetter,
+    /// Treated as `retry()`: counts as a failed attempt against `max_attempts`.
+    Retry,
+    /// Dropped with an error log.
+    Drop,
+}
+
+/// How deliveries are spread over lanes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum LaneKey {
+    /// By the delivery's key: one key, one lane, in order. Keyless deliveries go round
+    /// robin. The default.
+    #[default]
+    Key,
+    /// By Kafka partition (falls back to the key where there is none).
+    Partition,
+}
+
+/// Binds `handler` to `descriptor`. Configure it, then give it to
+/// [`App::register`](crate::App::register).
+///
+/// ```
+/// use ruststream::{on, HandlerOutcome, Message, memory::MemoryBroker};
+///
+/// async fn handle(Message(n): Message<u32>) -> HandlerOutcome {
+///     HandlerOutcome::ack()
+/// }
+///
+/// let broker = MemoryBroker::new();
+/// let registration = on(broker.topic("numbers"), handle)
+///     .max_attempts(3)
+///     .dead_letter("numbers.dead")
+///     .lanes(4);
+/// ```
+pub fn on<D, H, Args>(descriptor: D, handler: H) -> Registration<D, HandlerService<H, Args>>
+where
+    D: Descriptor,
+    H: Handler<Args>,
+    Args: 'static,
+{
+    Registration {
+        name: short_type_name::<H>(),
+        descriptor,
+        service: HandlerService::new(handler),
+        requirements: H::requirements,
+        options: Options::default(),
+    }
+}
+
+fn short_type_name<T>() -> String {
+    let full = type_name::<T>();
+    // `my_crate::orders::on_order` → `orders::on_order`; closures keep their full path.
+    let parts: Vec<&str> = full.split("::").collect();
+    if full.contains('{') || parts.len() < 3 {
+        full.to_owned()
+    } else {
+        parts[parts.len() - 2..].join("::")
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Options {
+    pub(crate) max_attempts: Option<u32>,
+    pub(crate) dead_letter: Option<String>,
+    pub(crate) retry_to: Option<String>,
+    pub(crate) lanes: usize,
+    pub(crate) lane_key: LaneKey,
+    pub(crate) failure_policy: FailurePolicy,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            max_attempts: None,
+            dead_letter: None,
+            retry_to: None,
+            lanes: 1,
+            lane_key: LaneKey::Key,
+            failure_policy: FailurePolicy::DeadLetter,
+        }
+    }
+}
+
+/// A handler bound to a descriptor; see [`on`].
+pub struct Registration<D, S> {
+    pub(crate) name: String,
+    pub(crate) descriptor: D,
+    pub(crate) service: S,
+    pub(crate) requirements: fn(&StateMap) -> Vec<String>,
+    pub(crate) options: Options,
+}
+
+impl<D: Descriptor, S: Service> Registration<D, S> {
+    /// Names the registration in logs and errors (default: the handler's path).
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// The cap: a retry at this attempt goes to the dead letter (or is let go). The first
+    /// delivery is attempt 1.
+    pub fn max_attempts(mut self, max: u32) -> Self {
+        self.options.max_attempts = Some(max);
+        self
+    }
+
+    /// Where exhausted and undecodable deliveries go.
+    pub fn dead_letter(mut self, address: impl Into<String>) -> Self {
+        self.options.dead_letter = Some(address.into());
+        self
+    }
+
+    /// Where retry copies go; required when the descriptor reads several addresses and
+    /// the broker cannot redeliver by itself (`KafkaTopics`, `CoreWildcard`).
+    pub fn retry_to(mut self, address: impl Into<String>) -> Self {
+        self.options.retry_to = Some(address.into());
+        self
+    }
+
+    /// Runs up to `n` deliveries at once, keeping per-key order (default 1).
+    pub fn lanes(mut self, n: usize) -> Self {
+        self.options.lanes = n;
+        self
+    }
+
+    /// How deliveries are assigned to lanes.
+    pub fn lane_by(mut self, key: LaneKey) -> Self {
+        self.options.lane_key = key;
+        self
+    }
+
+    /// What happens to deliveries an extractor refuses.
+    pub fn on_failure(mut self, policy: FailurePolicy) -> Self {
+        self.options.failure_policy = policy;
+        self
+    }
+
+    /// Wraps the handler in a middleware layer; the last layer added runs first.
+    pub fn layer<L: Layer<S>>(self, layer: L) -> Registration<D, L::Service> {
+        Registration {
+            name: self.name,
+            descriptor: self.descriptor,
+            service: layer.layer(self.service),
+            requirements: self.requirements,
+            options: self.options,
+        }
+    }
+
+    /// The declaration the planner sees, with the retry address resolved.
+    pub(crate) fn declaration(&self) -> Declaration {
+        let retry = self
+            .options
+            .retry_to
+            .as_deref()
+            .or_else(|| self.descriptor.retry_address());
+        Declaration {
+            max_attempts: self.options.max_attempts,
+            dead_letter: self.options.dead_letter.as_deref().map(Arc::from),
+            retry_address: retry.map(Arc::from),
+        }
+    }
+
+    /// Every rule this registration breaks (SPEC E4), one string each.
+    pub(crate) fn violations(&self, state: &StateMap) -> Vec<String> {
+        let declaration = self.declaration();
+        let capabilities = self.descriptor.capabilities();
+        let mut broken = Vec::new();
+        if self.options.max_attempts == Some(0) {
+            broken.push(
+                "max_attempts must be at least 1 (the first delivery is attempt 1)".to_owned(),
+            );
+        }
+        if self.options.lanes == 0 {
+            broken.push("lanes must be at least 1".to_owned());
+        }
+        if declaration.retry_address.is_none() && may_copy(&declaration, &capabilities) {
+            broken.push(
+                "the descriptor reads several addresses and this broker brings messages back by \
+                 publishing copies, so name the copies' destination with .retry_to(address)"
+                    .to_owned(),
+            );
+        }
+        if let Some(dead) = &self.options.dead_letter {
+            if dead == self.descriptor.address() {
+                broken.push(format!(
+                    "the dead-letter address `{dead}` is the address this registration reads"
+                ));
+            }
+            if dead.is_empty() {
+                broken.push("the dead-letter address is empty".to_owned());
+            }
+        }
+        if self.options.retry_to.as_deref() == Some("") {
+            broken.push("the retry address is empty".to_owned());
+        }
+        broken.extend(self.descriptor.check(&declaration));
+        broken.extend((self.requirements)(state));
+        broken
+    }
+}

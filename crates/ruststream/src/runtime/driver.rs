@@ -1,0 +1,254 @@
+//! The driver task: the only user of a subscription. It fetches, hands deliveries to
+//! lanes, performs every settlement, owns the timers of delayed copies, and drains on
+//! stop (SPEC E3).
+
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ruststream_core::{Capabilities, Copy, Declaration, Delivery, Publish, Settle, Subscription};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+use tokio::time::{Instant, sleep_until};
+
+use super::{Activity, Observe, copy, lane};
+use crate::extract::Context;
+use crate::middleware::Service;
+use crate::registration::{FailurePolicy, LaneKey};
+
+/// Deliveries a lane holds beyond the one it runs: small, so a slow handler holds back
+/// fetching instead of growing memory.
+const LANE_QUEUE: usize = 1;
+/// After a subscription error, wait this long before fetching again.
+const ERROR_PAUSE: Duration = Duration::from_millis(200);
+
+/// What the driver and its lanes share.
+pub(crate) struct Shared<S> {
+    pub(crate) service: S,
+    pub(crate) context: Arc<Context>,
+    pub(crate) registration: Arc<str>,
+    pub(crate) declaration: Declaration,
+    pub(crate) capabilities: Capabilities,
+    pub(crate) copies: Arc<dyn Publish>,
+    pub(crate) failure_policy: FailurePolicy,
+    pub(crate) observer: Option<Arc<dyn Observe>>,
+    pub(crate) activity: Arc<Activity>,
+}
+
+pub(crate) struct Lanes {
+    pub(crate) count: usize,
+    pub(crate) key: LaneKey,
+}
+
+/// A delivery handed to a lane.
+pub(crate) struct Job<R> {
+    pub(crate) delivery: Delivery,
+    pub(crate) receipt: R,
+}
+
+/// What a lane or a timer hands back to the driver.
+pub(crate) enum Done<R> {
+    /// Settle the original (maybe with `Settle::Nothing`).
+    Settle { receipt: R, settle: Settle },
+    /// Publish `copy` after its delay, then settle the original.
+    Delayed {
+        receipt: R,
+        delivery: Delivery,
+        copy: Copy,
+        settle: Settle,
+    },
+    /// Left unsettled on purpose: the broker brings it back (a held original at stop).
+    HandedBack,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Timers {
+    Waiting,
+    Stopping,
+}
+
+pub(crate) async fn drive<Sub: Subscription, S: Service>(
+    mut subscription: Sub,
+    shared: Arc<Shared<S>>,
+    lanes: Lanes,
+    mut stop: watch::Receiver<bool>,
+    drain_timeout: Duration,
+) {
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done<Sub::Receipt>>();
+    let mut lane_tasks = JoinSet::new();
+    let mut lane_txs = Vec::with_capacity(lanes.count);
+    for _ in 0..lanes.count {
+        let (tx, rx) = mpsc::channel(LANE_QUEUE);
+        lane_tasks.spawn(lane::run(Arc::clone(&shared), rx, done_tx.clone()));
+        lane_txs.push(tx);
+    }
+    // Only lanes hold senders, so `done_rx` ends exactly when every lane has ended.
+    drop(done_tx);
+    let mut timers: JoinSet<Done<Sub::Receipt>> = JoinSet::new();
+    let (timers_tx, timers_rx) = watch::channel(Timers::Waiting);
+    let mut pending: Option<(usize, Job<Sub::Receipt>)> = None;
+    let mut round_robin = 0usize;
+
+    loop {
+        if *stop.borrow() {
+            break;
+        }
+        let lane = pending.as_ref().map_or(0, |(lane, _)| *lane);
+        tokio::select! {
+            biased;
+            Some(done) = done_rx.recv() => {
+                apply(&mut subscription, &shared, done, &mut timers, &timers_rx).await;
+            }
+            Some(joined) = timers.join_next(), if !timers.is_empty() => {
+                if let Ok(done) = joined {
+                    apply(&mut subscription, &shared, done, &mut timers, &timers_rx).await;
+                }
+            }
+            changed = stop.changed() => {
+                if changed.is_err() {
+                    break;
+                }
+            }
+            permit = lane_txs[lane].reserve(), if pending.is_some() => {
+                let Some((_, job)) = pending.take() else { continue };
+                match permit {
+                    Ok(permit) => permit.send(job),
+                    Err(_) => {
+                        shared.activity.end();
+                        tracing::error!(registration = &*shared.registration, "a lane ended unexpectedly");
+                        break;
+                    }
+                }
+            }
+            next = subscription.next(), if pending.is_none() => match next {
+                Some(Ok((delivery, receipt))) => {
+                    shared.activity.begin();
+                    let lane = pick_lane(&delivery, &lanes, &mut round_robin);
+                    pending = Some((lane, Job { delivery, receipt }));
+                }
+                Some(Err(error)) => {
+                    tracing::error!(registration = &*shared.registration, %error, "fetching failed; trying again");
+                    tokio::time::sleep(ERROR_PAUSE).await;
+                }
+                None => {
+                    tracing::info!(registration = &*shared.registration, "subscription ended");
+                    break;
+                }
+            },
+        }
+    }
+
+    // Stop: fetch nothing more; let the lanes finish what they hold, within the deadline.
+    let deadline = Instant::now() + drain_timeout;
+    if let Some((lane, job)) = pending.take() {
+        // Fetched but not started: hand it to its lane rather than drop it.
+        if let Ok(Ok(permit)) = tokio::time::timeout_at(deadline, lane_txs[lane].reserve()).await {
+            permit.send(job);
+        } else {
+            shared.activity.end();
+        }
+    }
+    drop(lane_txs);
+    let _ = timers_tx.send(Timers::Stopping);
+    let mut lanes_open = true;
+    while lanes_open || !timers.is_empty() {
+        tokio::select! {
+            done = done_rx.recv(), if lanes_open => match done {
+                Some(done) => apply(&mut subscription, &shared, done, &mut timers, &timers_rx).await,
+                None => lanes_open = false,
+            },
+            Some(joined) = timers.join_next(), if !timers.is_empty() => {
+                if let Ok(done) = joined {
+                    apply(&mut subscription, &shared, done, &mut timers, &timers_rx).await;
+                }
+            }
+            () = sleep_until(deadline) => {
+                let unfinished = lane_tasks.len() + timers.len();
+                tracing::warn!(
+                    registration = &*shared.registration,
+                    unfinished,
+                    "drain timeout passed; unfinished deliveries stay unsettled"
+                );
+                lane_tasks.abort_all();
+                timers.abort_all();
+                break;
+            }
+        }
+    }
+    subscription.close().await;
+}
+
+fn pick_lane(delivery: &Delivery, lanes: &Lanes, round_robin: &mut usize) -> usize {
+    if lanes.count == 1 {
+        return 0;
+    }
+    let mut hasher = DefaultHasher::new();
+    match (lanes.key, delivery.metadata().partition, delivery.key()) {
+        (LaneKey::Partition, Some(partition), _) => partition.hash(&mut hasher),
+        (_, _, Some(key)) => key.hash(&mut hasher),
+        (_, _, None) => {
+            *round_robin = round_robin.wrapping_add(1);
+            return *round_robin % lanes.count;
+        }
+    }
+    (hasher.finish() % lanes.count as u64) as usize
+}
+
+async fn apply<Sub: Subscription, S: Service>(
+    subscription: &mut Sub,
+    shared: &Arc<Shared<S>>,
+    done: Done<Sub::Receipt>,
+    timers: &mut JoinSet<Done<Sub::Receipt>>,
+    timers_rx: &watch::Receiver<Timers>,
+) {
+    match done {
+        Done::Settle { receipt, settle } => {
+            if settle != Settle::Nothing
+                && let Err(error) = subscription.settle(receipt, settle).await
+            {
+                tracing::error!(registration = &*shared.registration, ?settle, %error, "settlement failed");
+            }
+            shared.activity.end();
+        }
+        Done::HandedBack => shared.activity.end(),
+        Done::Delayed {
+            receipt,
+            delivery,
+            copy,
+            settle,
+        } => {
+            let shared = Arc::clone(shared);
+            let mut mode = timers_rx.clone();
+            timers.spawn(async move {
+                let due = Instant::now() + copy.delay;
+                let stopped = tokio::select! {
+                    () = sleep_until(due) => false,
+                    _ = mode.wait_for(|m| *m == Timers::Stopping) => true,
+                };
+                if stopped && shared.capabilities.holds_original {
+                    // The original is still unsettled: the broker brings it back.
+                    return Done::HandedBack;
+                }
+                if stopped {
+                    tracing::warn!(
+                        registration = &*shared.registration,
+                        address = delivery.address(),
+                        "stopping: publishing a delayed retry copy before its time so it is not lost"
+                    );
+                }
+                let settle = copy::publish(
+                    shared.copies.as_ref(),
+                    &shared.registration,
+                    &delivery,
+                    &copy,
+                    &shared.declaration,
+                    &shared.capabilities,
+                    settle,
+                )
+                .await;
+                Done::Settle { receipt, settle }
+            });
+        }
+    }
+}

@@ -1,0 +1,128 @@
+//! Running registrations: one driver task per subscription, lanes, plan execution.
+
+mod copy;
+mod driver;
+mod lane;
+mod unwind;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use ruststream_core::{BoxFuture, Delivery, Descriptor, Plan};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::extract::Context;
+use crate::handler::Completion;
+use crate::middleware::Service;
+use crate::publisher::Publisher;
+use crate::registration::Registration;
+use crate::state::StateMap;
+
+pub(crate) use driver::Shared;
+
+/// Deliveries fetched and not yet settled, across the app (the test harness waits for 0).
+#[derive(Debug, Default)]
+pub(crate) struct Activity {
+    in_flight: AtomicUsize,
+}
+
+impl Activity {
+    pub(crate) fn begin(&self) {
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+    }
+    pub(crate) fn end(&self) {
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+    pub(crate) fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
+    }
+}
+
+/// One handled delivery, as an observer sees it.
+pub(crate) struct Handled<'a> {
+    pub(crate) registration: &'a str,
+    pub(crate) delivery: &'a Delivery,
+    pub(crate) completion: &'a Completion,
+    pub(crate) plan: &'a Plan,
+}
+
+/// Sees every handled delivery (the test harness records them).
+pub(crate) trait Observe: Send + Sync + 'static {
+    fn handled(&self, event: &Handled<'_>);
+}
+
+/// What every started registration shares with the app.
+#[derive(Clone)]
+pub(crate) struct Env {
+    pub(crate) state: Arc<StateMap>,
+    pub(crate) stop: watch::Receiver<bool>,
+    pub(crate) drain_timeout: Duration,
+    pub(crate) observer: Option<Arc<dyn Observe>>,
+    pub(crate) activity: Arc<Activity>,
+}
+
+/// A registration with its types erased, as the app holds it.
+pub(crate) trait Mount: Send {
+    fn name(&self) -> &str;
+    fn address(&self) -> &str;
+    fn violations(&self, state: &StateMap) -> Vec<String>;
+    /// Opens the subscription and spawns its driver.
+    fn start(self: Box<Self>, env: Env) -> BoxFuture<'static, Result<JoinHandle<()>, String>>;
+}
+
+impl<D: Descriptor, S: Service> Mount for Registration<D, S> {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn address(&self) -> &str {
+        self.descriptor.address()
+    }
+
+    fn violations(&self, state: &StateMap) -> Vec<String> {
+        Registration::violations(self, state)
+    }
+
+    fn start(self: Box<Self>, env: Env) -> BoxFuture<'static, Result<JoinHandle<()>, String>> {
+        Box::pin(async move {
+            let this = *self;
+            let declaration = this.declaration();
+            let capabilities = this.descriptor.capabilities();
+            let copies = this.descriptor.publisher();
+            let registration: Arc<str> = Arc::from(this.name.as_str());
+            let subscription = this
+                .descriptor
+                .open(&declaration)
+                .await
+                .map_err(|e| e.to_string())?;
+            let shared = Arc::new(Shared {
+                context: Arc::new(Context {
+                    registration: Arc::clone(&registration),
+                    state: env.state,
+                    publisher: Publisher::new(Arc::clone(&copies)),
+                }),
+                service: this.service,
+                declaration,
+                capabilities,
+                copies,
+                failure_policy: this.options.failure_policy,
+                observer: env.observer,
+                activity: env.activity,
+                registration,
+            });
+            let lanes = driver::Lanes {
+                count: this.options.lanes.max(1),
+                key: this.options.lane_key,
+            };
+            Ok(tokio::spawn(driver::drive(
+                subscription,
+                shared,
+                lanes,
+                env.stop,
+                env.drain_timeout,
+            )))
+        })
+    }
+}
