@@ -94,7 +94,10 @@ fn main() {
     // `MEMORY_PATH_N=n` runs one consume-only pass of n messages and exits: the callgrind
     // script runs two sizes and divides the difference of instructions by the difference
     // of messages, which removes start-up costs.
-    if let Some(n) = std::env::var("MEMORY_PATH_N").ok().and_then(|v| v.parse().ok()) {
+    if let Some(n) = std::env::var("MEMORY_PATH_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
         runtime.block_on(run(n, true, false));
         return;
     }

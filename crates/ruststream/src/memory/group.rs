@@ -59,6 +59,21 @@ impl Group {
         self.queues.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Adds a copy of `message` when there is room; false when the group is full.
+    pub(crate) fn try_push(&self, message: &Stored) -> bool {
+        let mut q = self.lock();
+        if q.ready.len() + q.unacked.len() + q.delayed >= self.capacity {
+            return false;
+        }
+        q.ready.push_back(Entry {
+            message: message.clone(),
+            delivered: 0,
+        });
+        drop(q);
+        self.ready.notify_one();
+        true
+    }
+
     /// Adds a message, waiting while the group holds `capacity` entries (back-pressure).
     pub(crate) async fn push(&self, message: Stored) {
         loop {

@@ -146,19 +146,29 @@ impl MemoryBroker {
             key: message.key.clone(),
             sequence: self.inner.sequence.fetch_add(1, Ordering::Relaxed),
         };
-        let groups: Vec<Arc<Group>> = {
+        // Common case without waiting: every group has room, all done under one lock
+        // and without allocating. Full groups are collected and waited for after.
+        let full: Vec<Arc<Group>> = {
             let mut addresses = self.lock();
-            let address = addresses.entry(message.address.clone()).or_default();
+            let address = match addresses.get_mut(&message.address) {
+                Some(address) => address,
+                None => addresses.entry(message.address.clone()).or_default(),
+            };
             if address.groups.is_empty() {
                 address.waiting.push(stored.clone());
             }
-            let groups = address.groups.values().cloned().collect();
+            let full = address
+                .groups
+                .values()
+                .filter(|g| !g.try_push(&stored))
+                .cloned()
+                .collect();
             if self.inner.recording {
                 address.log.push(message);
             }
-            groups
+            full
         };
-        for group in groups {
+        for group in full {
             group.push(stored.clone()).await;
         }
     }
