@@ -1,0 +1,179 @@
+//! The runtime against a transport written outside the crate, through the public
+//! contract only: a descriptor that reads several addresses (like `KafkaTopics` or
+//! `CoreWildcard`) and so has no single retry address.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use ruststream::core::{
+    Capabilities, DeadLetters, Declaration, DelayedRedelivery, Descriptor, Publish, SubscribeError,
+    Verb,
+};
+use ruststream::memory::{MemoryBroker, MemorySubscription, MemoryTopic};
+use ruststream::middleware::{Layer, Service, TraceLayer};
+use ruststream::testing::TestApp;
+use ruststream::{App, Completion, HandlerOutcome, Incoming, Payload, RETRY_COUNT_HEADER, on};
+
+/// Reads one memory address but claims, like a multi-topic read, that no single publish
+/// reaches what it reads, on a broker that counts nothing (Kafka-like).
+struct SeveralAddresses(MemoryTopic);
+
+impl Descriptor for SeveralAddresses {
+    type Subscription = MemorySubscription;
+
+    fn address(&self) -> &str {
+        "orders.*"
+    }
+    fn retry_address(&self) -> Option<&str> {
+        None
+    }
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            ack: Verb::Native,
+            drop: Verb::AsAck,
+            redeliver: Verb::Native,
+            delayed_redelivery: DelayedRedelivery::Unsupported,
+            native_count: false,
+            dead_letters: DeadLetters::Runtime,
+            holds_original: true,
+        }
+    }
+    fn publisher(&self) -> Arc<dyn Publish> {
+        self.0.publisher()
+    }
+    async fn open(self, declaration: &Declaration) -> Result<MemorySubscription, SubscribeError> {
+        self.0.open(declaration).await
+    }
+}
+
+async fn retry(Payload(_p): Payload) -> HandlerOutcome {
+    HandlerOutcome::retry()
+}
+
+#[tokio::test]
+async fn k8_several_addresses_without_retry_destination_refuse_to_start() {
+    let broker = MemoryBroker::new();
+    let app = App::new()
+        .register(on(SeveralAddresses(broker.topic("a").runtime_retries()), retry).name("no-dest"))
+        .register(
+            on(SeveralAddresses(broker.topic("b").runtime_retries()), retry)
+                .name("capped-no-dest")
+                .max_attempts(3),
+        );
+    let err = app.start().await.unwrap_err().to_string();
+    assert!(err.contains("2 rule(s) broken"), "{err}");
+    assert!(
+        err.contains("registration `no-dest` on `orders.*`"),
+        "{err}"
+    );
+    assert!(
+        err.contains("registration `capped-no-dest` on `orders.*`"),
+        "{err}"
+    );
+    assert!(err.contains(".retry_to(address)"), "{err}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn k8_named_retry_destination_receives_the_copies() {
+    let broker = MemoryBroker::recording();
+    let app = App::new().register(
+        on(
+            SeveralAddresses(broker.topic("orders.eu").runtime_retries()),
+            retry,
+        )
+        .name("eu")
+        .retry_to("orders.retry")
+        .max_attempts(2),
+    );
+    let test = TestApp::start(app, &broker).await.unwrap();
+    test.publisher()
+        .to("orders.eu")
+        .send_bytes("x")
+        .await
+        .unwrap();
+    test.settled().await;
+    let copies = test.published("orders.retry");
+    assert_eq!(copies.len(), 1);
+    assert_eq!(copies[0].headers.get_str(RETRY_COUNT_HEADER), Some("1"));
+    test.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_forged_retry_count_never_crashes_and_is_counted_sanely() {
+    let broker = MemoryBroker::recording();
+    let app = App::new().register(
+        on(broker.topic("orders").runtime_retries(), retry)
+            .max_attempts(3)
+            .dead_letter("orders.dead"),
+    );
+    let test = TestApp::start(app, &broker).await.unwrap();
+    for forged in ["-1", "banana", "99999999999999999999"] {
+        test.publisher()
+            .to("orders")
+            .header(RETRY_COUNT_HEADER, forged)
+            .send_bytes(forged)
+            .await
+            .unwrap();
+    }
+    test.settled().await;
+    let dead = test.published("orders.dead");
+    // Malformed counts start over at attempt 1 (3 runs each); a huge count is at the cap.
+    assert_eq!(dead.len(), 3);
+    let runs = |payload: &str| test.calls().iter().filter(|c| c.payload == payload).count();
+    assert_eq!(runs("-1"), 3);
+    assert_eq!(runs("banana"), 3);
+    assert_eq!(runs("99999999999999999999"), 1);
+    test.stop().await;
+}
+
+#[derive(Clone, Default)]
+struct Count(Arc<AtomicUsize>);
+
+struct Counted<S> {
+    inner: S,
+    count: Count,
+}
+
+impl<S: Service> Layer<S> for Count {
+    type Service = Counted<S>;
+    fn layer(&self, inner: S) -> Counted<S> {
+        Counted {
+            inner,
+            count: self.clone(),
+        }
+    }
+}
+
+impl<S: Service> Service for Counted<S> {
+    async fn call(&self, incoming: &Incoming) -> Completion {
+        self.count.0.fetch_add(1, Ordering::SeqCst);
+        self.inner.call(incoming).await
+    }
+}
+
+async fn ack(Payload(_p): Payload) -> HandlerOutcome {
+    HandlerOutcome::ack()
+}
+
+#[tokio::test(start_paused = true)]
+async fn layers_wrap_the_handler_and_trace_layer_passes_outcomes_through() {
+    let broker = MemoryBroker::recording();
+    let count = Count::default();
+    let app = App::new().register(
+        on(broker.topic("orders"), ack)
+            .layer(TraceLayer)
+            .layer(count.clone()),
+    );
+    let test = TestApp::start(app, &broker).await.unwrap();
+    for _ in 0..5 {
+        test.publisher().to("orders").send_bytes("x").await.unwrap();
+    }
+    test.settled().await;
+    assert_eq!(count.0.load(Ordering::SeqCst), 5);
+    assert!(
+        test.calls()
+            .iter()
+            .all(|c| c.completion == Completion::Outcome(HandlerOutcome::ack()))
+    );
+    test.stop().await;
+}
