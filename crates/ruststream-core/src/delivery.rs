@@ -84,6 +84,12 @@ impl Metadata {
         }
     }
 
+    /// Sets the broker's timestamp, in milliseconds since the Unix epoch.
+    pub const fn with_timestamp_ms(mut self, timestamp_ms: Option<i64>) -> Self {
+        self.timestamp_ms = timestamp_ms;
+        self
+    }
+
     /// Metadata with a stream sequence.
     pub const fn sequence(sequence: u64) -> Self {
         Self {
@@ -104,6 +110,7 @@ pub struct Delivery {
     address: Arc<str>,
     metadata: Metadata,
     attempt: Attempt,
+    reply_to: Option<Arc<str>>,
 }
 
 impl Delivery {
@@ -116,7 +123,19 @@ impl Delivery {
             address,
             metadata: Metadata::default(),
             attempt: Attempt::from_broker(1),
+            reply_to: None,
         }
+    }
+
+    /// Sets the address a reply goes to (a NATS request's reply subject).
+    pub fn with_reply_to(mut self, reply_to: Option<Arc<str>>) -> Self {
+        self.reply_to = reply_to;
+        self
+    }
+
+    /// Where the sender waits for a reply, if it is a request.
+    pub fn reply_to(&self) -> Option<&str> {
+        self.reply_to.as_deref()
     }
 
     /// Sets the headers.

@@ -60,7 +60,7 @@ pub mod testing;
 pub use app::{App, DEFAULT_SHUTDOWN_TIMEOUT, Running, StartError, StopHandle, Violation};
 pub use codec::{Codec, Json};
 pub use extract::{
-    Context, Decoded, FromDelivery, Incoming, Message, Meta, Payload, Rejection, State,
+    Context, Decoded, FromDelivery, Incoming, Message, Meta, Payload, Rejection, ReplyTo, State,
 };
 pub use handler::{Completion, Handler, IntoOutcome};
 pub use publisher::{PublishBuilder, Publisher};

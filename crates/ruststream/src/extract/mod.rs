@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use ruststream_core::Delivery;
 
-pub use types::{Decoded, Message, Meta, Payload, State};
+pub use types::{Decoded, Message, Meta, Payload, ReplyTo, State};
 
 use crate::publisher::Publisher;
 use crate::state::StateMap;

@@ -165,3 +165,28 @@ impl FromDelivery for Publisher {
         Ok(incoming.context().publisher().clone())
     }
 }
+
+/// The address the sender of a request waits on (a NATS reply subject); publish the
+/// reply there with the [`Publisher`]. Deliveries that are not requests are refused
+/// (failure policy), so take `Option<ReplyTo>` when both arrive.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplyTo(pub Arc<str>);
+
+impl FromDelivery for ReplyTo {
+    fn from_delivery(incoming: &Incoming) -> Result<Self, Rejection> {
+        incoming
+            .delivery()
+            .reply_to()
+            .map(|r| ReplyTo(Arc::from(r)))
+            .ok_or_else(|| Rejection {
+                extractor: "ReplyTo",
+                reason: "the delivery is not a request (it has no reply address)".to_owned(),
+            })
+    }
+}
+
+impl<T: FromDelivery> FromDelivery for Option<T> {
+    fn from_delivery(incoming: &Incoming) -> Result<Self, Rejection> {
+        Ok(T::from_delivery(incoming).ok())
+    }
+}

@@ -1,0 +1,200 @@
+//! Core NATS subscriptions: at-most-once, nothing to settle (SPEC N2, N3).
+
+use std::sync::Arc;
+
+use async_nats::{Client, Subscriber};
+use futures_util::StreamExt;
+use ruststream_core::{
+    AckError, Attempt, Capabilities, Declaration, Delivery, Descriptor, Publish, Settle,
+    SubscribeError, Subscription,
+};
+
+use crate::headers::from_nats;
+use crate::publish::NatsPublisher;
+
+/// One Core subject, optionally in a queue group. Its retry address is the subject
+/// itself: a retry copy is published there (SPEC N5).
+#[derive(Debug, Clone)]
+pub struct CoreSubject {
+    client: Client,
+    subject: String,
+    queue_group: Option<String>,
+}
+
+/// A Core subject pattern with `*` or `>`, optionally in a queue group. It matches many
+/// subjects and publishes to none, so a registration that may publish retry copies names
+/// their subject with `.retry_to(..)`, or the app refuses to start (SPEC N5).
+#[derive(Debug, Clone)]
+pub struct CoreWildcard {
+    client: Client,
+    pattern: String,
+    queue_group: Option<String>,
+}
+
+impl CoreSubject {
+    pub(crate) fn new(client: Client, subject: String) -> Self {
+        Self {
+            client,
+            subject,
+            queue_group: None,
+        }
+    }
+
+    /// Joins queue group `group`: each message goes to one member of the group.
+    pub fn queue_group(mut self, group: impl Into<String>) -> Self {
+        self.queue_group = Some(group.into());
+        self
+    }
+}
+
+impl CoreWildcard {
+    pub(crate) fn new(client: Client, pattern: String) -> Self {
+        Self {
+            client,
+            pattern,
+            queue_group: None,
+        }
+    }
+
+    /// Joins queue group `group`: each message goes to one member of the group.
+    pub fn queue_group(mut self, group: impl Into<String>) -> Self {
+        self.queue_group = Some(group.into());
+        self
+    }
+}
+
+fn wildcard_rule(subject: &str, wildcard: bool) -> Vec<String> {
+    let has_wildcard = subject.split('.').any(|t| t == "*" || t == ">");
+    match (wildcard, has_wildcard) {
+        (false, true) => vec![format!(
+            "`{subject}` contains a wildcard token; read it with CoreWildcard"
+        )],
+        (true, false) => vec![format!(
+            "`{subject}` has no `*` or `>` token; read it with CoreSubject"
+        )],
+        _ if subject.is_empty() || subject.contains(char::is_whitespace) => {
+            vec![format!("{subject:?} is not a valid NATS subject")]
+        }
+        _ => Vec::new(),
+    }
+}
+
+async fn subscribe(
+    client: &Client,
+    subject: &str,
+    queue_group: Option<&str>,
+) -> Result<CoreSubscription, SubscribeError> {
+    let subscriber = match queue_group {
+        Some(group) => {
+            client
+                .queue_subscribe(subject.to_owned(), group.to_owned())
+                .await
+        }
+        None => client.subscribe(subject.to_owned()).await,
+    }
+    .map_err(|e| SubscribeError::new(subject, e))?;
+    Ok(CoreSubscription {
+        subscriber,
+        last_subject: Arc::from(""),
+    })
+}
+
+impl Descriptor for CoreSubject {
+    type Subscription = CoreSubscription;
+
+    fn address(&self) -> &str {
+        &self.subject
+    }
+
+    fn retry_address(&self) -> Option<&str> {
+        Some(&self.subject)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::NOTHING
+    }
+
+    fn check(&self, _declaration: &Declaration) -> Vec<String> {
+        wildcard_rule(&self.subject, false)
+    }
+
+    fn publisher(&self) -> Arc<dyn Publish> {
+        Arc::new(NatsPublisher::new(self.client.clone()))
+    }
+
+    async fn open(self, _declaration: &Declaration) -> Result<CoreSubscription, SubscribeError> {
+        subscribe(&self.client, &self.subject, self.queue_group.as_deref()).await
+    }
+}
+
+impl Descriptor for CoreWildcard {
+    type Subscription = CoreSubscription;
+
+    fn address(&self) -> &str {
+        &self.pattern
+    }
+
+    fn retry_address(&self) -> Option<&str> {
+        None
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::NOTHING
+    }
+
+    fn check(&self, _declaration: &Declaration) -> Vec<String> {
+        wildcard_rule(&self.pattern, true)
+    }
+
+    fn publisher(&self) -> Arc<dyn Publish> {
+        Arc::new(NatsPublisher::new(self.client.clone()))
+    }
+
+    async fn open(self, _declaration: &Declaration) -> Result<CoreSubscription, SubscribeError> {
+        subscribe(&self.client, &self.pattern, self.queue_group.as_deref()).await
+    }
+}
+
+/// An open Core subscription.
+#[derive(Debug)]
+pub struct CoreSubscription {
+    subscriber: Subscriber,
+    /// The subject of the last message, shared by the deliveries that follow on it.
+    last_subject: Arc<str>,
+}
+
+impl Subscription for CoreSubscription {
+    type Receipt = ();
+
+    async fn next(&mut self) -> Option<Result<(Delivery, ()), SubscribeError>> {
+        let message = self.subscriber.next().await?;
+        if *self.last_subject != *message.subject.as_str() {
+            self.last_subject = Arc::from(message.subject.as_str());
+        }
+        let headers = from_nats(message.headers.as_ref());
+        let (attempt, malformed) = Attempt::from_headers(&headers);
+        if let Some(error) = malformed {
+            tracing::warn!(subject = message.subject.as_str(), %error, "counting it as the first attempt");
+        }
+        let delivery = Delivery::new(Arc::clone(&self.last_subject), message.payload)
+            .with_headers(headers)
+            .with_attempt(attempt)
+            .with_reply_to(message.reply.map(|r| Arc::from(r.as_str())));
+        Some(Ok((delivery, ())))
+    }
+
+    async fn settle(&mut self, _receipt: (), settle: Settle) -> Result<(), AckError> {
+        // The planner never asks Core for a verb (its capabilities have none); say so if
+        // something else does.
+        match settle {
+            Settle::Nothing => Ok(()),
+            _ => Err(AckError::Unsupported { verb: "settle" }),
+        }
+    }
+
+    async fn close(mut self) {
+        if let Err(e) = self.subscriber.unsubscribe().await {
+            tracing::debug!(error = %e, "unsubscribe on close failed");
+        }
+    }
+}

@@ -1,0 +1,320 @@
+//! JetStream: a durable pull consumer whose deliveries the server settles (SPEC N1, N4-N7).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use async_nats::jetstream::AckKind;
+use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, pull};
+use async_nats::{Client, Subject};
+use bytes::Bytes;
+use futures_util::StreamExt;
+use ruststream_core::{
+    AckError, Attempt, Capabilities, DeadLetters, Declaration, DelayedRedelivery, Delivery,
+    Descriptor, Metadata, Publish, Settle, SubscribeError, Subscription, Verb,
+};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::headers::from_nats;
+use crate::publish::NatsPublisher;
+
+/// The server's default `ack_wait`.
+pub const DEFAULT_ACK_WAIT: Duration = Duration::from_secs(30);
+
+/// What JetStream can do for a subscription: every verb, its own `delivered` count and
+/// delayed redelivery (`-NAK {"delay"}`); dead letters are the runtime's (N7).
+pub const CAPABILITIES: Capabilities = Capabilities {
+    ack: Verb::Native,
+    drop: Verb::Native,
+    redeliver: Verb::Native,
+    delayed_redelivery: DelayedRedelivery::Native,
+    native_count: true,
+    dead_letters: DeadLetters::Runtime,
+    holds_original: true,
+};
+
+/// A JetStream stream read through a durable pull consumer, created (or updated) on
+/// start. A missing stream is a startup error naming it. `max_deliver` is left unset
+/// (SPEC N7): the registration's `max_attempts` caps attempts, counted by the server's
+/// `delivered`.
+#[derive(Debug, Clone)]
+pub struct JetStreamConsumer {
+    client: Client,
+    stream: String,
+    consumer: String,
+    filter_subject: Option<String>,
+    ack_wait: Duration,
+    max_ack_pending: Option<i64>,
+    deliver_policy: DeliverPolicy,
+    double_ack: bool,
+    keepalive: bool,
+    batch: usize,
+}
+
+impl JetStreamConsumer {
+    pub(crate) fn new(client: Client, stream: String, consumer: String) -> Self {
+        Self {
+            client,
+            stream,
+            consumer,
+            filter_subject: None,
+            ack_wait: DEFAULT_ACK_WAIT,
+            max_ack_pending: None,
+            deliver_policy: DeliverPolicy::All,
+            double_ack: false,
+            keepalive: true,
+            batch: 32,
+        }
+    }
+
+    /// Reads only subjects matching `subject` from the stream.
+    pub fn filter_subject(mut self, subject: impl Into<String>) -> Self {
+        self.filter_subject = Some(subject.into());
+        self
+    }
+
+    /// How long the server waits for a settlement before it redelivers (default 30 s).
+    pub fn ack_wait(mut self, ack_wait: Duration) -> Self {
+        self.ack_wait = ack_wait;
+        self
+    }
+
+    /// Most deliveries the server lets the consumer hold unsettled.
+    pub fn max_ack_pending(mut self, max: i64) -> Self {
+        self.max_ack_pending = Some(max);
+        self
+    }
+
+    /// Where a new consumer starts (default: all of the stream).
+    pub fn deliver_policy(mut self, policy: DeliverPolicy) -> Self {
+        self.deliver_policy = policy;
+        self
+    }
+
+    /// Waits for the server to confirm every settlement (double ack): a settlement that
+    /// the server did not take is logged as failed instead of lost silently.
+    pub fn double_ack(mut self, on: bool) -> Self {
+        self.double_ack = on;
+        self
+    }
+
+    /// Sends `+WPI` (work in progress) for deliveries whose handler runs longer than half
+    /// of `ack_wait`, so a slow handler does not burn attempts (default on).
+    pub fn keepalive(mut self, on: bool) -> Self {
+        self.keepalive = on;
+        self
+    }
+
+    /// Messages asked for per pull request (default 32). Fetched messages wait in the
+    /// client until a lane is free, and their `ack_wait` runs meanwhile; keep this near
+    /// the number of lanes for slow handlers.
+    pub fn batch(mut self, batch: usize) -> Self {
+        self.batch = batch.max(1);
+        self
+    }
+}
+
+impl Descriptor for JetStreamConsumer {
+    type Subscription = JetStreamSubscription;
+
+    fn address(&self) -> &str {
+        self.filter_subject.as_deref().unwrap_or(&self.stream)
+    }
+
+    fn retry_address(&self) -> Option<&str> {
+        // Never needed: the server redelivers; nothing is copied (N1, N5).
+        None
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        CAPABILITIES
+    }
+
+    fn check(&self, _declaration: &Declaration) -> Vec<String> {
+        let mut broken = Vec::new();
+        if self.ack_wait.is_zero() {
+            broken.push("ack_wait must be longer than zero".to_owned());
+        }
+        if self.consumer.is_empty() || self.consumer.contains(['.', '*', '>', ' ']) {
+            broken.push(format!("{:?} is not a valid durable consumer name", self.consumer));
+        }
+        broken
+    }
+
+    fn publisher(&self) -> Arc<dyn Publish> {
+        Arc::new(NatsPublisher::new(self.client.clone()))
+    }
+
+    async fn open(self, _declaration: &Declaration) -> Result<JetStreamSubscription, SubscribeError> {
+        let address = self.address().to_owned();
+        let jetstream = async_nats::jetstream::new(self.client.clone());
+        let stream = jetstream.get_stream(&self.stream).await.map_err(|e| {
+            SubscribeError::new(&address, format!("JetStream stream `{}` cannot be read: {e}", self.stream))
+        })?;
+        let config = pull::Config {
+            durable_name: Some(self.consumer.clone()),
+            filter_subject: self.filter_subject.clone().unwrap_or_default(),
+            ack_policy: AckPolicy::Explicit,
+            ack_wait: self.ack_wait,
+            deliver_policy: self.deliver_policy,
+            max_ack_pending: self.max_ack_pending.unwrap_or_default(),
+            ..Default::default()
+        };
+        let consumer: async_nats::jetstream::consumer::PullConsumer =
+            stream.create_consumer(config).await.map_err(|e| {
+                SubscribeError::new(
+                    &address,
+                    format!("consumer `{}` on stream `{}`: {e}", self.consumer, self.stream),
+                )
+            })?;
+        let messages = consumer
+            .stream()
+            .max_messages_per_batch(self.batch)
+            .messages()
+            .await
+            .map_err(|e| SubscribeError::new(&address, format!("pulling from `{}`: {e}", self.consumer)))?;
+        let in_progress = Arc::new(Mutex::new(HashMap::new()));
+        let keepalive = self
+            .keepalive
+            .then(|| tokio::spawn(keep_alive(self.client.clone(), Arc::clone(&in_progress), self.ack_wait)));
+        Ok(JetStreamSubscription {
+            client: self.client,
+            messages,
+            address: Arc::from(address.as_str()),
+            double_ack: self.double_ack,
+            in_progress,
+            keepalive,
+        })
+    }
+}
+
+/// A delivery's consumer sequence (unique per delivery) and its ack subject.
+type Receipt = (u64, Subject);
+
+/// Running deliveries by consumer sequence: ack subject and when progress was last told.
+type InProgress = Arc<Mutex<HashMap<u64, (Subject, Instant)>>>;
+
+fn lock(map: &InProgress) -> std::sync::MutexGuard<'_, HashMap<u64, (Subject, Instant)>> {
+    map.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Tells the server that deliveries still running after half of `ack_wait` are in
+/// progress (`+WPI`), which restarts their `ack_wait`.
+async fn keep_alive(client: Client, in_progress: InProgress, ack_wait: Duration) {
+    let half = ack_wait / 2;
+    let mut tick = tokio::time::interval((ack_wait / 4).max(Duration::from_millis(20)));
+    loop {
+        tick.tick().await;
+        let now = Instant::now();
+        let due: Vec<Subject> = lock(&in_progress)
+            .values_mut()
+            .filter(|(_, since)| now.duration_since(*since) >= half)
+            .map(|(reply, since)| {
+                *since = now;
+                reply.clone()
+            })
+            .collect();
+        for reply in due {
+            if let Err(e) = client.publish(reply, Bytes::from(AckKind::Progress)).await {
+                tracing::warn!(error = %e, "sending +WPI failed");
+            }
+        }
+    }
+}
+
+/// An open JetStream subscription.
+pub struct JetStreamSubscription {
+    client: Client,
+    messages: pull::Stream,
+    address: Arc<str>,
+    double_ack: bool,
+    in_progress: InProgress,
+    keepalive: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for JetStreamSubscription {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JetStreamSubscription")
+            .field("address", &self.address)
+            .finish()
+    }
+}
+
+impl Subscription for JetStreamSubscription {
+    type Receipt = Receipt;
+
+    async fn next(&mut self) -> Option<Result<(Delivery, Receipt), SubscribeError>> {
+        loop {
+            let message = match self.messages.next().await? {
+                Ok(message) => message,
+                Err(e) => return Some(Err(SubscribeError::new(&*self.address, e))),
+            };
+            let (delivered, tag, metadata) = match message.info() {
+                Ok(info) => (
+                    u32::try_from(info.delivered).unwrap_or(u32::MAX),
+                    info.consumer_sequence,
+                    Metadata::sequence(info.stream_sequence).with_timestamp_ms(
+                        i64::try_from(info.published.unix_timestamp_nanos() / 1_000_000).ok(),
+                    ),
+                ),
+                Err(e) => {
+                    tracing::warn!(address = &*self.address, error = %e, "skipping a message without JetStream metadata");
+                    continue;
+                }
+            };
+            let message: async_nats::Message = message.into();
+            let Some(reply) = message.reply.clone() else {
+                continue;
+            };
+            lock(&self.in_progress).insert(tag, (reply.clone(), Instant::now()));
+            let address = if *self.address == *message.subject.as_str() {
+                Arc::clone(&self.address)
+            } else {
+                Arc::from(message.subject.as_str())
+            };
+            let delivery = Delivery::new(address, message.payload)
+                .with_headers(from_nats(message.headers.as_ref()))
+                .with_metadata(metadata)
+                .with_attempt(Attempt::from_broker(delivered));
+            return Some(Ok((delivery, (tag, reply))));
+        }
+    }
+
+    async fn settle(&mut self, (tag, reply): Receipt, settle: Settle) -> Result<(), AckError> {
+        lock(&self.in_progress).remove(&tag);
+        let kind = match settle {
+            // No outcome: the server redelivers after ack_wait (N1).
+            Settle::Nothing => return Ok(()),
+            Settle::Ack => AckKind::Ack,
+            Settle::Drop => AckKind::Term,
+            Settle::Redeliver => AckKind::Nak(None),
+            Settle::RedeliverAfter(delay) => AckKind::Nak(Some(delay)),
+        };
+        let payload = Bytes::from(kind);
+        let result = if self.double_ack {
+            self.client.request(reply, payload).await.map(drop).map_err(|e| e.to_string())
+        } else {
+            self.client.publish(reply, payload).await.map_err(|e| e.to_string())
+        };
+        result.map_err(AckError::Failed)
+    }
+
+    async fn close(mut self) {
+        if let Some(keepalive) = self.keepalive.take() {
+            keepalive.abort();
+        }
+        // Settlements are plain publishes: make sure they left before the driver ends.
+        if let Err(e) = self.client.flush().await {
+            tracing::warn!(error = %e, "flushing settlements on close failed");
+        }
+    }
+}
+
+impl Drop for JetStreamSubscription {
+    fn drop(&mut self) {
+        if let Some(keepalive) = self.keepalive.take() {
+            keepalive.abort();
+        }
+    }
+}

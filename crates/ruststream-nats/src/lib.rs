@@ -1,0 +1,120 @@
+//! NATS transport for ruststream: Core NATS and JetStream over `async-nats`.
+//!
+//! - [`CoreSubject`] and [`CoreWildcard`] read Core NATS: at-most-once, nothing to
+//!   settle. `ack`, `drop` and `retry` answer `AckError::Unsupported` (logged);
+//!   `retry_after(d)`, and `retry()` under a declared cap or dead letter, publish a copy
+//!   with `x-ruststream-retry-count` (SPEC N2, N3, N5). A copy waiting for its delay lives
+//!   in the process: a crash before it fires loses it (N8); a graceful stop publishes it
+//!   early instead.
+//! - [`JetStreamConsumer`] reads a stream through a durable pull consumer: `ack` → `+ACK`,
+//!   `retry` → `-NAK`, `retry_after(d)` → `-NAK {"delay": nanos}`, `drop` → `+TERM`, no
+//!   outcome → nothing (redelivered after `ack_wait`). Attempts are the server's
+//!   `delivered` (N1, N4); `max_deliver` stays unset (N7). At the cap the delivery is
+//!   published to the dead-letter subject unchanged, confirmed (by the stream's publish
+//!   acknowledgement when a stream captures that subject), then terminated (N6).
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use ruststream::{on, App, HandlerOutcome, Message, Publisher, ReplyTo};
+//! use ruststream_nats::Nats;
+//!
+//! #[derive(serde::Deserialize, serde::Serialize)]
+//! struct Order { id: u64 }
+//!
+//! // JetStream: the server counts attempts and holds delayed redeliveries.
+//! async fn bill(Message(order): Message<Order>) -> HandlerOutcome {
+//!     if order.id % 2 == 0 { HandlerOutcome::ack() } else { HandlerOutcome::retry_after(Duration::from_secs(5)) }
+//! }
+//!
+//! // Core: answer requests on `orders.price`.
+//! async fn price(Message(order): Message<Order>, reply: ReplyTo, publisher: Publisher) -> HandlerOutcome {
+//!     let _ = publisher.to(&*reply.0).send(&(order.id * 100)).await;
+//!     HandlerOutcome::ack()
+//! }
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let nats = Nats::connect("nats://127.0.0.1:4222").await?;
+//! App::new()
+//!     .register(on(nats.consumer("ORDERS", "billing").filter_subject("orders.new"), bill)
+//!         .max_attempts(5)
+//!         .dead_letter("orders.dead"))
+//!     .register(on(nats.subject("orders.price").queue_group("pricing"), price))
+//!     .run()
+//!     .await?;
+//! # Ok(()) }
+//! ```
+
+mod core;
+mod headers;
+mod jetstream;
+mod publish;
+
+use std::sync::Arc;
+
+pub use async_nats;
+pub use core::{CoreSubject, CoreSubscription, CoreWildcard};
+pub use jetstream::{CAPABILITIES as JETSTREAM_CAPABILITIES, DEFAULT_ACK_WAIT, JetStreamConsumer, JetStreamSubscription};
+pub use publish::{NatsPublisher, RequestError, Stored};
+use ruststream_core::Publish;
+
+/// One NATS connection: descriptors and publishers share it.
+#[derive(Clone, Debug)]
+pub struct Nats {
+    client: async_nats::Client,
+}
+
+/// The connection could not be made.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot connect to NATS at `{url}`: {detail}")]
+pub struct ConnectError {
+    /// The server address.
+    pub url: String,
+    /// What the client said.
+    pub detail: String,
+}
+
+impl Nats {
+    /// Connects to `url` (`nats://host:port`). The client reconnects by itself after.
+    pub async fn connect(url: &str) -> Result<Self, ConnectError> {
+        let client = async_nats::connect(url).await.map_err(|e| ConnectError {
+            url: url.to_owned(),
+            detail: e.to_string(),
+        })?;
+        Ok(Self { client })
+    }
+
+    /// Wraps a client configured by the caller.
+    pub fn from_client(client: async_nats::Client) -> Self {
+        Self { client }
+    }
+
+    /// The underlying client.
+    pub fn client(&self) -> &async_nats::Client {
+        &self.client
+    }
+
+    /// A Core subscription on one subject.
+    pub fn subject(&self, subject: impl Into<String>) -> CoreSubject {
+        CoreSubject::new(self.client.clone(), subject.into())
+    }
+
+    /// A Core subscription on a pattern with `*` or `>`.
+    pub fn wildcard(&self, pattern: impl Into<String>) -> CoreWildcard {
+        CoreWildcard::new(self.client.clone(), pattern.into())
+    }
+
+    /// A JetStream subscription: durable pull consumer `consumer` on `stream`.
+    pub fn consumer(&self, stream: impl Into<String>, consumer: impl Into<String>) -> JetStreamConsumer {
+        JetStreamConsumer::new(self.client.clone(), stream.into(), consumer.into())
+    }
+
+    /// Core, JetStream and request/reply publishing.
+    pub fn publisher(&self) -> NatsPublisher {
+        NatsPublisher::new(self.client.clone())
+    }
+
+    /// The confirmed publish, for `ruststream::Publisher::new`.
+    pub fn publish_handle(&self) -> Arc<dyn Publish> {
+        Arc::new(self.publisher())
+    }
+}

@@ -1,0 +1,181 @@
+//! Publishing on NATS: confirmed Core publishes, JetStream publishes with their publish
+//! acknowledgement (and `Nats-Msg-Id` deduplication), typed request/reply.
+
+use std::time::Duration;
+
+use async_nats::jetstream::context::PublishErrorKind as JsPublishErrorKind;
+use async_nats::{Client, RequestErrorKind};
+use bytes::Bytes;
+use ruststream_core::{BoxFuture, Headers, Outgoing, Publish, PublishError, PublishErrorKind};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::headers::to_nats;
+
+/// Publishes to NATS. Through the [`Publish`] contract a message goes to JetStream when a
+/// stream captures its subject (confirmed by the stream's publish acknowledgement), and
+/// otherwise is published on Core NATS and confirmed by a flush (the server has it).
+#[derive(Clone, Debug)]
+pub struct NatsPublisher {
+    client: Client,
+    jetstream: async_nats::jetstream::Context,
+}
+
+/// What JetStream said about a stored message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stored {
+    /// The stream that stored it.
+    pub stream: String,
+    /// Its stream sequence.
+    pub sequence: u64,
+    /// True when the stream had already stored a message with the same `Nats-Msg-Id`.
+    pub duplicate: bool,
+}
+
+/// A failed request.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    /// Nobody subscribes to the subject: the server said so at once.
+    #[error("no responders on `{subject}`")]
+    NoResponders {
+        /// The request subject.
+        subject: String,
+    },
+    /// No reply within the caller's timeout.
+    #[error("no reply on `{subject}` within {timeout:?}")]
+    TimedOut {
+        /// The request subject.
+        subject: String,
+        /// The caller's timeout.
+        timeout: Duration,
+    },
+    /// The request could not be encoded, or the reply decoded.
+    #[error("request on `{subject}`: {detail}")]
+    Codec {
+        /// The request subject.
+        subject: String,
+        /// What failed.
+        detail: String,
+    },
+    /// The connection failed.
+    #[error("request on `{subject}` failed: {detail}")]
+    Failed {
+        /// The request subject.
+        subject: String,
+        /// What the client said.
+        detail: String,
+    },
+}
+
+impl NatsPublisher {
+    pub(crate) fn new(client: Client) -> Self {
+        let jetstream = async_nats::jetstream::new(client.clone());
+        Self { client, jetstream }
+    }
+
+    /// Publishes on Core NATS and waits until the server has it (a flush).
+    pub async fn core(&self, subject: &str, headers: &Headers, payload: Bytes) -> Result<(), PublishError> {
+        let map = to_nats(headers, subject)?;
+        let failed = |e: &dyn std::fmt::Display| {
+            PublishError::new(subject, PublishErrorKind::Disconnected, e)
+        };
+        let subject_owned = subject.to_owned();
+        match map {
+            Some(map) => self.client.publish_with_headers(subject_owned, map, payload).await,
+            None => self.client.publish(subject_owned, payload).await,
+        }
+        .map_err(|e| failed(&e))?;
+        self.client.flush().await.map_err(|e| failed(&e))
+    }
+
+    /// Publishes to the JetStream stream that captures `subject` and waits for its
+    /// publish acknowledgement. `msg_id` sets `Nats-Msg-Id`: the stream stores a message
+    /// id once within its duplicate window.
+    pub async fn jetstream(
+        &self,
+        subject: &str,
+        headers: &Headers,
+        payload: Bytes,
+        msg_id: Option<&str>,
+    ) -> Result<Stored, PublishError> {
+        let mut message = async_nats::jetstream::message::PublishMessage::build().payload(payload);
+        if let Some(map) = to_nats(headers, subject)? {
+            message = message.headers(map);
+        }
+        if let Some(id) = msg_id {
+            message = message.message_id(id);
+        }
+        let kind = |k: JsPublishErrorKind| match k {
+            JsPublishErrorKind::TimedOut => PublishErrorKind::Timeout,
+            JsPublishErrorKind::StreamNotFound => PublishErrorKind::NoResponders,
+            JsPublishErrorKind::BrokenPipe => PublishErrorKind::Disconnected,
+            _ => PublishErrorKind::Rejected,
+        };
+        let ack = self
+            .jetstream
+            .send_publish(subject.to_owned(), message)
+            .await
+            .map_err(|e| PublishError::new(subject, kind(e.kind()), &e))?
+            .await
+            .map_err(|e| PublishError::new(subject, kind(e.kind()), &e))?;
+        Ok(Stored {
+            stream: ack.stream,
+            sequence: ack.sequence,
+            duplicate: ack.duplicate,
+        })
+    }
+
+    /// Sends `request` as JSON to `subject` and decodes the JSON reply, waiting at most
+    /// `timeout`. Fails at once with [`RequestError::NoResponders`] when nobody listens.
+    pub async fn request<Req: Serialize + ?Sized, Resp: DeserializeOwned>(
+        &self,
+        subject: &str,
+        request: &Req,
+        timeout: Duration,
+    ) -> Result<Resp, RequestError> {
+        let codec = |detail: String| RequestError::Codec {
+            subject: subject.to_owned(),
+            detail,
+        };
+        let payload = serde_json::to_vec(request).map_err(|e| codec(format!("encode: {e}")))?;
+        let message = async_nats::Request::new()
+            .payload(payload.into())
+            .timeout(Some(timeout));
+        let reply = self
+            .client
+            .send_request(subject.to_owned(), message)
+            .await
+            .map_err(|e| match e.kind() {
+                RequestErrorKind::NoResponders => RequestError::NoResponders {
+                    subject: subject.to_owned(),
+                },
+                RequestErrorKind::TimedOut => RequestError::TimedOut {
+                    subject: subject.to_owned(),
+                    timeout,
+                },
+                _ => RequestError::Failed {
+                    subject: subject.to_owned(),
+                    detail: e.to_string(),
+                },
+            })?;
+        serde_json::from_slice(&reply.payload).map_err(|e| codec(format!("decode reply: {e}")))
+    }
+}
+
+impl Publish for NatsPublisher {
+    fn publish(&self, message: Outgoing) -> BoxFuture<'_, Result<(), PublishError>> {
+        Box::pin(async move {
+            match self
+                .jetstream(&message.address, &message.headers, message.payload.clone(), None)
+                .await
+            {
+                Ok(_) => Ok(()),
+                // No stream captures the subject: a Core publish, confirmed by a flush.
+                Err(e) if e.kind == PublishErrorKind::NoResponders => {
+                    self.core(&message.address, &message.headers, message.payload).await
+                }
+                Err(e) => Err(e),
+            }
+        })
+    }
+}
