@@ -30,10 +30,16 @@ pub(crate) fn to_nats(headers: &Headers, subject: &str) -> Result<Option<HeaderM
     let refuse = |detail: String| PublishError::new(subject, PublishErrorKind::Rejected, detail);
     let mut map = HeaderMap::new();
     for (name, value) in headers.iter() {
-        let header = HeaderName::from_str(name)
-            .map_err(|_| refuse(format!("header name {name:?} is not a valid NATS header name")))?;
-        let text = std::str::from_utf8(value)
-            .map_err(|_| refuse(format!("header `{name}` is not valid UTF-8, which NATS headers need")))?;
+        let header = HeaderName::from_str(name).map_err(|_| {
+            refuse(format!(
+                "header name {name:?} is not a valid NATS header name"
+            ))
+        })?;
+        let text = std::str::from_utf8(value).map_err(|_| {
+            refuse(format!(
+                "header `{name}` is not valid UTF-8, which NATS headers need"
+            ))
+        })?;
         let value = HeaderValue::from_str(text)
             .map_err(|_| refuse(format!("header `{name}` contains a line break")))?;
         map.append(header, value);

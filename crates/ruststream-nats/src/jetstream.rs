@@ -137,7 +137,10 @@ impl Descriptor for JetStreamConsumer {
             broken.push("ack_wait must be longer than zero".to_owned());
         }
         if self.consumer.is_empty() || self.consumer.contains(['.', '*', '>', ' ']) {
-            broken.push(format!("{:?} is not a valid durable consumer name", self.consumer));
+            broken.push(format!(
+                "{:?} is not a valid durable consumer name",
+                self.consumer
+            ));
         }
         broken
     }
@@ -146,11 +149,17 @@ impl Descriptor for JetStreamConsumer {
         Arc::new(NatsPublisher::new(self.client.clone()))
     }
 
-    async fn open(self, _declaration: &Declaration) -> Result<JetStreamSubscription, SubscribeError> {
+    async fn open(
+        self,
+        _declaration: &Declaration,
+    ) -> Result<JetStreamSubscription, SubscribeError> {
         let address = self.address().to_owned();
         let jetstream = async_nats::jetstream::new(self.client.clone());
         let stream = jetstream.get_stream(&self.stream).await.map_err(|e| {
-            SubscribeError::new(&address, format!("JetStream stream `{}` cannot be read: {e}", self.stream))
+            SubscribeError::new(
+                &address,
+                format!("JetStream stream `{}` cannot be read: {e}", self.stream),
+            )
         })?;
         let config = pull::Config {
             durable_name: Some(self.consumer.clone()),
@@ -165,7 +174,10 @@ impl Descriptor for JetStreamConsumer {
             stream.create_consumer(config).await.map_err(|e| {
                 SubscribeError::new(
                     &address,
-                    format!("consumer `{}` on stream `{}`: {e}", self.consumer, self.stream),
+                    format!(
+                        "consumer `{}` on stream `{}`: {e}",
+                        self.consumer, self.stream
+                    ),
                 )
             })?;
         let messages = consumer
@@ -173,11 +185,17 @@ impl Descriptor for JetStreamConsumer {
             .max_messages_per_batch(self.batch)
             .messages()
             .await
-            .map_err(|e| SubscribeError::new(&address, format!("pulling from `{}`: {e}", self.consumer)))?;
+            .map_err(|e| {
+                SubscribeError::new(&address, format!("pulling from `{}`: {e}", self.consumer))
+            })?;
         let in_progress = Arc::new(Mutex::new(HashMap::new()));
-        let keepalive = self
-            .keepalive
-            .then(|| tokio::spawn(keep_alive(self.client.clone(), Arc::clone(&in_progress), self.ack_wait)));
+        let keepalive = self.keepalive.then(|| {
+            tokio::spawn(keep_alive(
+                self.client.clone(),
+                Arc::clone(&in_progress),
+                self.ack_wait,
+            ))
+        });
         Ok(JetStreamSubscription {
             client: self.client,
             messages,
@@ -293,9 +311,16 @@ impl Subscription for JetStreamSubscription {
         };
         let payload = Bytes::from(kind);
         let result = if self.double_ack {
-            self.client.request(reply, payload).await.map(drop).map_err(|e| e.to_string())
+            self.client
+                .request(reply, payload)
+                .await
+                .map(drop)
+                .map_err(|e| e.to_string())
         } else {
-            self.client.publish(reply, payload).await.map_err(|e| e.to_string())
+            self.client
+                .publish(reply, payload)
+                .await
+                .map_err(|e| e.to_string())
         };
         result.map_err(AckError::Failed)
     }

@@ -53,7 +53,10 @@ use std::sync::Arc;
 
 pub use async_nats;
 pub use core::{CoreSubject, CoreSubscription, CoreWildcard};
-pub use jetstream::{CAPABILITIES as JETSTREAM_CAPABILITIES, DEFAULT_ACK_WAIT, JetStreamConsumer, JetStreamSubscription};
+pub use jetstream::{
+    CAPABILITIES as JETSTREAM_CAPABILITIES, DEFAULT_ACK_WAIT, JetStreamConsumer,
+    JetStreamSubscription,
+};
 pub use publish::{NatsPublisher, RequestError, Stored};
 use ruststream_core::Publish;
 
@@ -104,7 +107,11 @@ impl Nats {
     }
 
     /// A JetStream subscription: durable pull consumer `consumer` on `stream`.
-    pub fn consumer(&self, stream: impl Into<String>, consumer: impl Into<String>) -> JetStreamConsumer {
+    pub fn consumer(
+        &self,
+        stream: impl Into<String>,
+        consumer: impl Into<String>,
+    ) -> JetStreamConsumer {
         JetStreamConsumer::new(self.client.clone(), stream.into(), consumer.into())
     }
 

@@ -74,14 +74,23 @@ impl NatsPublisher {
     }
 
     /// Publishes on Core NATS and waits until the server has it (a flush).
-    pub async fn core(&self, subject: &str, headers: &Headers, payload: Bytes) -> Result<(), PublishError> {
+    pub async fn core(
+        &self,
+        subject: &str,
+        headers: &Headers,
+        payload: Bytes,
+    ) -> Result<(), PublishError> {
         let map = to_nats(headers, subject)?;
         let failed = |e: &dyn std::fmt::Display| {
             PublishError::new(subject, PublishErrorKind::Disconnected, e)
         };
         let subject_owned = subject.to_owned();
         match map {
-            Some(map) => self.client.publish_with_headers(subject_owned, map, payload).await,
+            Some(map) => {
+                self.client
+                    .publish_with_headers(subject_owned, map, payload)
+                    .await
+            }
             None => self.client.publish(subject_owned, payload).await,
         }
         .map_err(|e| failed(&e))?;
@@ -166,13 +175,19 @@ impl Publish for NatsPublisher {
     fn publish(&self, message: Outgoing) -> BoxFuture<'_, Result<(), PublishError>> {
         Box::pin(async move {
             match self
-                .jetstream(&message.address, &message.headers, message.payload.clone(), None)
+                .jetstream(
+                    &message.address,
+                    &message.headers,
+                    message.payload.clone(),
+                    None,
+                )
                 .await
             {
                 Ok(_) => Ok(()),
                 // No stream captures the subject: a Core publish, confirmed by a flush.
                 Err(e) if e.kind == PublishErrorKind::NoResponders => {
-                    self.core(&message.address, &message.headers, message.payload).await
+                    self.core(&message.address, &message.headers, message.payload)
+                        .await
                 }
                 Err(e) => Err(e),
             }

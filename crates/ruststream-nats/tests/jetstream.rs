@@ -1,0 +1,455 @@
+//! JetStream against a real nats-server: SPEC N1, N4-N7 and the beyond-the-seeds items,
+//! observed on the server's side (consumer info, stream contents).
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::{Script, create_stream, eventually, handler, logs, nats, unique};
+use ruststream::{App, HandlerOutcome, Headers, Running, StartError, on};
+use ruststream_nats::Nats;
+use ruststream_nats::async_nats::jetstream::{self, consumer, stream::Stream};
+
+struct Setup {
+    nats: Nats,
+    base: String,
+    stream: Stream,
+    dead_stream: Stream,
+}
+
+impl Setup {
+    async fn new(prefix: &str) -> Self {
+        let nats = nats().await;
+        let base = unique(prefix);
+        let stream = create_stream(&nats, &base, &[format!("{base}.in")]).await;
+        let dead_stream =
+            create_stream(&nats, &format!("{base}_DEAD"), &[format!("{base}.dead")]).await;
+        Self {
+            nats,
+            base,
+            stream,
+            dead_stream,
+        }
+    }
+
+    fn subject(&self) -> String {
+        format!("{}.in", self.base)
+    }
+
+    fn dead(&self) -> String {
+        format!("{}.dead", self.base)
+    }
+
+    fn consumer(&self) -> ruststream_nats::JetStreamConsumer {
+        self.nats.consumer(&self.base, "worker")
+    }
+
+    async fn publish(&self, payload: &'static [u8], headers: &Headers) -> u64 {
+        self.nats
+            .publisher()
+            .jetstream(&self.subject(), headers, Bytes::from_static(payload), None)
+            .await
+            .expect("publish")
+            .sequence
+    }
+
+    async fn info(&self) -> consumer::Info {
+        self.stream
+            .consumer_info("worker")
+            .await
+            .expect("consumer info")
+    }
+
+    async fn messages(stream: &Stream) -> u64 {
+        let mut stream = stream.clone();
+        stream.info().await.expect("stream info").state.messages
+    }
+}
+
+async fn start(app: App) -> Running {
+    app.start().await.expect("the app starts")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn n1_ack_sends_plus_ack_and_is_never_redelivered() {
+    let s = Setup::new("N1ACK").await;
+    let script = Script::new(|_| HandlerOutcome::ack());
+    let app = start(App::new().register(on(
+        s.consumer().ack_wait(Duration::from_millis(500)),
+        handler(Arc::clone(&script)),
+    )))
+    .await;
+    let seq = s.publish(b"one", &Headers::new()).await;
+    eventually(Duration::from_secs(5), "handled", || script.count() == 1).await;
+    let mut info = s.info().await;
+    for _ in 0..50 {
+        if info.ack_floor.stream_sequence == seq {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        info = s.info().await;
+    }
+    assert_eq!(
+        info.ack_floor.stream_sequence, seq,
+        "the ack floor moved past it"
+    );
+    assert_eq!(info.num_ack_pending, 0);
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(script.count(), 1, "never sent again, even after ack_wait");
+    assert_eq!(script.calls()[0].attempt, 1);
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn n1_retry_sends_nak_and_the_same_sequence_comes_back_at_once_delivered_plus_one() {
+    let s = Setup::new("N1NAK").await;
+    let script = Script::new(|d| {
+        if d.attempt().number() == 1 {
+            HandlerOutcome::retry()
+        } else {
+            HandlerOutcome::ack()
+        }
+    });
+    let app = start(App::new().register(on(s.consumer(), handler(Arc::clone(&script))))).await;
+    let seq = s.publish(b"again", &Headers::new()).await;
+    eventually(Duration::from_secs(5), "redelivered", || {
+        script.count() == 2
+    })
+    .await;
+    let calls = script.calls();
+    assert_eq!(
+        calls.iter().map(|c| c.attempt).collect::<Vec<_>>(),
+        vec![1, 2]
+    );
+    assert!(
+        calls.iter().all(|c| c.sequence == Some(seq)),
+        "same stream sequence"
+    );
+    assert!(
+        calls[1].at - calls[0].at < Duration::from_secs(5),
+        "at once, not after ack_wait (30 s)"
+    );
+    app.stop().await;
+    let info = s.info().await;
+    assert_eq!(info.num_ack_pending, 0);
+    assert_eq!(
+        info.num_redelivered, 0,
+        "nothing left waiting for redelivery"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn n1_retry_after_sends_nak_with_delay_redelivered_no_earlier_and_nothing_published() {
+    let s = Setup::new("N1DELAY").await;
+    let delay = Duration::from_millis(800);
+    let script = Script::new(move |d| {
+        if d.attempt().number() == 1 {
+            HandlerOutcome::retry_after(delay)
+        } else {
+            HandlerOutcome::ack()
+        }
+    });
+    let app = start(App::new().register(on(s.consumer(), handler(Arc::clone(&script))))).await;
+    let seq = s.publish(b"later", &Headers::new()).await;
+    eventually(Duration::from_secs(10), "redelivered", || {
+        script.count() == 2
+    })
+    .await;
+    let calls = script.calls();
+    assert!(
+        calls[1].at - calls[0].at >= delay,
+        "came back after {:?}",
+        calls[1].at - calls[0].at
+    );
+    assert_eq!((calls[1].attempt, calls[1].sequence), (2, Some(seq)));
+    assert_eq!(Setup::messages(&s.stream).await, 1, "no copy was published");
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn n1_drop_sends_term_and_is_never_redelivered() {
+    let s = Setup::new("N1TERM").await;
+    let script = Script::new(|_| HandlerOutcome::drop());
+    let app = start(App::new().register(on(
+        s.consumer().ack_wait(Duration::from_millis(400)),
+        handler(Arc::clone(&script)),
+    )))
+    .await;
+    s.publish(b"unwanted", &Headers::new()).await;
+    eventually(Duration::from_secs(5), "handled", || script.count() == 1).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(script.count(), 1, "+TERM: never sent again");
+    assert_eq!(s.info().await.num_ack_pending, 0);
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn n4_no_outcome_is_redelivered_after_ack_wait_and_counts_as_an_attempt() {
+    let s = Setup::new("N4WAIT").await;
+    let ack_wait = Duration::from_secs(1);
+    // Attempt 1 outlives ack_wait (keepalive off), so the server redelivers to the second lane.
+    let script = Script::new(|_| HandlerOutcome::ack());
+    let slow_first = {
+        let script = Arc::clone(&script);
+        move |d: ruststream::Delivery| {
+            let script = Arc::clone(&script);
+            async move {
+                let first = d.attempt().number() == 1;
+                let outcome = handler(script)(d).await;
+                if first {
+                    tokio::time::sleep(Duration::from_millis(2500)).await;
+                }
+                outcome
+            }
+        }
+    };
+    let app = start(
+        App::new()
+            .register(on(s.consumer().ack_wait(ack_wait).keepalive(false), slow_first).lanes(2)),
+    )
+    .await;
+    let seq = s.publish(b"slow", &Headers::new()).await;
+    eventually(
+        Duration::from_secs(10),
+        "redelivered after ack_wait",
+        || script.count() == 2,
+    )
+    .await;
+    let calls = script.calls();
+    assert_eq!(
+        calls[1].attempt, 2,
+        "the server's delivered counts the expiry"
+    );
+    assert_eq!(calls[1].sequence, Some(seq));
+    assert!(calls[1].at - calls[0].at >= ack_wait - Duration::from_millis(50));
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keepalive_sends_progress_so_a_slow_handler_does_not_burn_attempts() {
+    let s = Setup::new("WPI").await;
+    let script = Script::slow(Duration::from_millis(2500), |_| HandlerOutcome::ack());
+    let app = start(
+        App::new().register(
+            on(
+                s.consumer().ack_wait(Duration::from_secs(1)),
+                handler(Arc::clone(&script)),
+            )
+            .lanes(2),
+        ),
+    )
+    .await;
+    s.publish(b"slow", &Headers::new()).await;
+    eventually(Duration::from_secs(5), "handled", || script.count() == 1).await;
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    assert_eq!(script.count(), 1, "+WPI kept it from being redelivered");
+    assert_eq!(s.info().await.num_ack_pending, 0);
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn n5_below_the_cap_naks_with_the_delay_and_copies_nothing() {
+    let s = Setup::new("N5").await;
+    let script = Script::new(|_| HandlerOutcome::retry_after(Duration::from_millis(200)));
+    let app = start(
+        App::new().register(
+            on(s.consumer(), handler(Arc::clone(&script)))
+                .max_attempts(3)
+                .dead_letter(s.dead()),
+        ),
+    )
+    .await;
+    let seq = s.publish(b"x", &Headers::new()).await;
+    eventually(Duration::from_secs(10), "three attempts", || {
+        script.count() == 3
+    })
+    .await;
+    let calls = script.calls();
+    assert_eq!(
+        calls.iter().map(|c| c.attempt).collect::<Vec<_>>(),
+        vec![1, 2, 3]
+    );
+    assert!(calls.iter().all(|c| c.sequence == Some(seq)));
+    assert!(
+        calls
+            .windows(2)
+            .all(|w| w[1].at - w[0].at >= Duration::from_millis(200))
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Setup::messages(&s.dead_stream).await == 0 {
+        assert!(Instant::now() < deadline, "no dead letter at the cap");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    app.stop().await;
+    assert_eq!(
+        Setup::messages(&s.stream).await,
+        1,
+        "the stream holds only the original"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn n6_at_the_cap_the_dead_letter_is_byte_identical_and_the_original_terminated() {
+    let s = Setup::new("N6DLQ").await;
+    let script = Script::new(|_| HandlerOutcome::retry());
+    let app = start(
+        App::new().register(
+            on(
+                s.consumer().ack_wait(Duration::from_millis(500)),
+                handler(Arc::clone(&script)),
+            )
+            .max_attempts(2)
+            .dead_letter(s.dead()),
+        ),
+    )
+    .await;
+    let mut headers = Headers::new();
+    headers.insert("trace", "abc-123").insert("tenant", "eu");
+    s.publish(b"\x00\x01not json\xff", &headers).await;
+    let dead_stream = s.dead_stream.clone();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Setup::messages(&dead_stream).await == 0 {
+        assert!(Instant::now() < deadline, "no dead letter stored");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let dead = dead_stream.get_raw_message(1).await.expect("dead letter");
+    assert_eq!(&dead.payload[..], b"\x00\x01not json\xff");
+    assert_eq!(
+        dead.headers.get("trace").map(|v| v.as_str()),
+        Some("abc-123")
+    );
+    assert_eq!(dead.headers.get("tenant").map(|v| v.as_str()), Some("eu"));
+    assert_eq!(dead.headers.len(), 2, "no header added or lost");
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(
+        script.count(),
+        2,
+        "terminated after the dead letter: never redelivered"
+    );
+    assert_eq!(s.info().await.num_ack_pending, 0);
+    assert_eq!(
+        Setup::messages(&dead_stream).await,
+        1,
+        "exactly one dead letter"
+    );
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn n6_at_the_cap_without_dead_letter_sends_term() {
+    let s = Setup::new("N6TERM").await;
+    let script = Script::new(|_| HandlerOutcome::retry());
+    let app = start(
+        App::new().register(
+            on(
+                s.consumer().ack_wait(Duration::from_millis(400)),
+                handler(Arc::clone(&script)),
+            )
+            .max_attempts(2),
+        ),
+    )
+    .await;
+    s.publish(b"x", &Headers::new()).await;
+    eventually(Duration::from_secs(5), "two attempts", || {
+        script.count() == 2
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(script.count(), 2);
+    assert_eq!(s.info().await.num_ack_pending, 0);
+    assert_eq!(Setup::messages(&s.dead_stream).await, 0);
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn n7_the_consumer_has_no_max_deliver() {
+    let s = Setup::new("N7").await;
+    let script = Script::new(|_| HandlerOutcome::ack());
+    let app = start(
+        App::new().register(
+            on(s.consumer(), handler(script))
+                .max_attempts(3)
+                .dead_letter(s.dead()),
+        ),
+    )
+    .await;
+    let info = s.info().await;
+    assert!(
+        info.config.max_deliver <= 0,
+        "max_deliver is {}",
+        info.config.max_deliver
+    );
+    assert_eq!(info.config.ack_policy, consumer::AckPolicy::Explicit);
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_stream_is_a_startup_error_naming_it() {
+    let nats = nats().await;
+    let missing = unique("MISSING");
+    let script = Script::new(|_| HandlerOutcome::ack());
+    let err = App::new()
+        .register(on(nats.consumer(&missing, "worker"), handler(script)).name("billing"))
+        .start()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StartError::Open { .. }));
+    let text = err.to_string();
+    assert!(
+        text.contains(&format!("stream `{missing}`")) && text.contains("billing"),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn double_ack_reports_a_settlement_the_server_did_not_take() {
+    let s = Setup::new("DOUBLE").await;
+    let js = jetstream::new(s.nats.client().clone());
+    let base = s.base.clone();
+    // The handler removes its own consumer, so no server takes the ack.
+    let removes_consumer = move |_d: ruststream::Delivery| {
+        let js = js.clone();
+        let base = base.clone();
+        async move {
+            js.delete_consumer_from_stream("worker", &base)
+                .await
+                .expect("delete consumer");
+            HandlerOutcome::ack()
+        }
+    };
+    let app = start(App::new().register(on(s.consumer().double_ack(true), removes_consumer))).await;
+    s.publish(b"x", &Headers::new()).await;
+    eventually(
+        Duration::from_secs(10),
+        "the failed settlement is logged",
+        || logs().contains("settlement failed"),
+    )
+    .await;
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jetstream_publish_waits_for_the_ack_and_deduplicates_by_msg_id() {
+    let s = Setup::new("DEDUP").await;
+    let publisher = s.nats.publisher();
+    let payload = Bytes::from_static(b"once");
+    let first = publisher
+        .jetstream(
+            &s.subject(),
+            &Headers::new(),
+            payload.clone(),
+            Some("order-1"),
+        )
+        .await
+        .unwrap();
+    let second = publisher
+        .jetstream(&s.subject(), &Headers::new(), payload, Some("order-1"))
+        .await
+        .unwrap();
+    assert_eq!(first.stream, s.base);
+    assert!(!first.duplicate && second.duplicate);
+    assert_eq!(second.sequence, first.sequence);
+    assert_eq!(Setup::messages(&s.stream).await, 1);
+}
