@@ -1,7 +1,9 @@
 //! Publishing on NATS: confirmed Core publishes, JetStream publishes with their publish
 //! acknowledgement (and `Nats-Msg-Id` deduplication), typed request/reply.
 
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use async_nats::jetstream::context::PublishErrorKind as JsPublishErrorKind;
 use async_nats::{Client, RequestErrorKind};
@@ -19,7 +21,12 @@ use crate::headers::to_nats;
 pub struct NatsPublisher {
     client: Client,
     jetstream: async_nats::jetstream::Context,
+    /// Whether a stream captures a subject, as the server said, and when it said so.
+    routes: Arc<Mutex<HashMap<String, (bool, Instant)>>>,
 }
+
+/// How long the answer to "does a stream capture this subject?" is trusted.
+const ROUTE_TTL: Duration = Duration::from_secs(5);
 
 /// What JetStream said about a stored message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,7 +77,34 @@ pub enum RequestError {
 impl NatsPublisher {
     pub(crate) fn new(client: Client) -> Self {
         let jetstream = async_nats::jetstream::new(client.clone());
-        Self { client, jetstream }
+        Self {
+            client,
+            jetstream,
+            routes: Arc::default(),
+        }
+    }
+
+    /// True when a JetStream stream captures `subject`. Asked of the server (a JetStream
+    /// publish cannot probe it: a Core subscriber on the subject would receive the probe).
+    async fn in_stream(&self, subject: &str) -> bool {
+        let now = Instant::now();
+        let cached = self
+            .routes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(subject)
+            .filter(|(_, at)| now.duration_since(*at) < ROUTE_TTL)
+            .map(|(in_stream, _)| *in_stream);
+        if let Some(in_stream) = cached {
+            return in_stream;
+        }
+        // Any failure (no stream matches, JetStream disabled) means a Core publish.
+        let in_stream = self.jetstream.stream_by_subject(subject).await.is_ok();
+        self.routes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(subject.to_owned(), (in_stream, now));
+        in_stream
     }
 
     /// Publishes on Core NATS and waits until the server has it (a flush).
@@ -174,22 +208,14 @@ impl NatsPublisher {
 impl Publish for NatsPublisher {
     fn publish(&self, message: Outgoing) -> BoxFuture<'_, Result<(), PublishError>> {
         Box::pin(async move {
-            match self
-                .jetstream(
-                    &message.address,
-                    &message.headers,
-                    message.payload.clone(),
-                    None,
-                )
-                .await
-            {
-                Ok(_) => Ok(()),
+            if self.in_stream(&message.address).await {
+                self.jetstream(&message.address, &message.headers, message.payload, None)
+                    .await
+                    .map(drop)
+            } else {
                 // No stream captures the subject: a Core publish, confirmed by a flush.
-                Err(e) if e.kind == PublishErrorKind::NoResponders => {
-                    self.core(&message.address, &message.headers, message.payload)
-                        .await
-                }
-                Err(e) => Err(e),
+                self.core(&message.address, &message.headers, message.payload)
+                    .await
             }
         })
     }

@@ -54,7 +54,8 @@ pub(crate) enum Done<R> {
     /// Publish `copy` after its delay, then settle the original.
     Delayed {
         receipt: R,
-        delivery: Delivery,
+        // Boxed: delayed copies are rare, and the common variant stays small.
+        delivery: Box<Delivery>,
         copy: Copy,
         settle: Settle,
     },

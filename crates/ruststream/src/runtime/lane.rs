@@ -65,7 +65,7 @@ async fn handle<S: Service, R>(shared: &Shared<S>, job: Job<R>) -> Done<R> {
         }
         Some(c) => Done::Delayed {
             receipt: job.receipt,
-            delivery,
+            delivery: Box::new(delivery),
             copy: c,
             settle: plan.settle,
         },
