@@ -48,6 +48,7 @@
 mod app;
 pub mod codec;
 pub mod extract;
+mod fast_hash;
 pub mod handler;
 pub mod memory;
 pub mod middleware;

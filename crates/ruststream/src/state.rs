@@ -1,14 +1,15 @@
 //! Shared application state, looked up by type.
 
 use std::any::{Any, TypeId, type_name};
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
+
+use crate::fast_hash::SpreadMap;
 
 /// The values given to [`App::state`](crate::App::state), one per type.
 #[derive(Default, Clone)]
 pub struct StateMap {
-    values: HashMap<TypeId, (Arc<dyn Any + Send + Sync>, &'static str)>,
+    values: SpreadMap<TypeId, (Arc<dyn Any + Send + Sync>, &'static str)>,
 }
 
 impl StateMap {

@@ -1,12 +1,14 @@
 //! One consumer group's queue on one address: ready, unacknowledged and delayed entries.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::Bytes;
 use ruststream_core::Headers;
 use tokio::sync::Notify;
+
+use crate::fast_hash::SpreadMap;
 
 /// A message as the memory broker stores it.
 #[derive(Debug, Clone)]
@@ -27,7 +29,7 @@ pub(crate) struct Entry {
 #[derive(Debug, Default)]
 struct Queues {
     ready: VecDeque<Entry>,
-    unacked: HashMap<u64, Entry>,
+    unacked: SpreadMap<u64, Entry>,
     delayed: usize,
     next_tag: u64,
 }

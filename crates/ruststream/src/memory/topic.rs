@@ -1,6 +1,5 @@
 //! The memory broker's descriptor and subscription.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use ruststream_core::{
@@ -10,6 +9,7 @@ use ruststream_core::{
 
 use super::MemoryBroker;
 use super::group::Group;
+use crate::fast_hash::SpreadSet;
 
 /// A subscription on a memory address: every group gets every message; subscriptions of
 /// one group compete.
@@ -91,7 +91,7 @@ impl Descriptor for MemoryTopic {
             group,
             address: Arc::from(self.address.as_str()),
             runtime_retries: self.runtime_retries,
-            outstanding: HashSet::new(),
+            outstanding: SpreadSet::default(),
         })
     }
 }
@@ -102,7 +102,7 @@ pub struct MemorySubscription {
     group: Arc<Group>,
     address: Arc<str>,
     runtime_retries: bool,
-    outstanding: HashSet<u64>,
+    outstanding: SpreadSet<u64>,
 }
 
 impl Subscription for MemorySubscription {

@@ -3,11 +3,15 @@
 //! stop (SPEC E3).
 
 use std::collections::hash_map::DefaultHasher;
+use std::future::{Future, poll_fn};
 use std::hash::{Hash, Hasher};
+use std::pin::{Pin, pin};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use ruststream_core::{Capabilities, Copy, Declaration, Delivery, Publish, Settle, Subscription};
+use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep_until};
@@ -63,6 +67,8 @@ pub(crate) enum Done<R> {
     HandedBack,
 }
 
+type LaneFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Timers {
     Waiting,
@@ -77,13 +83,28 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
     drain_timeout: Duration,
 ) {
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done<Sub::Receipt>>();
-    let mut lane_tasks = JoinSet::new();
+    // Lanes are futures polled by this task, not tasks of their own: handing a delivery
+    // to a lane and getting its settlement back then costs no cross-thread wake-up. Lanes
+    // run concurrently (a handler waiting on I/O lets the others run), on one thread.
+    let mut lane_futures: Vec<LaneFuture> = Vec::with_capacity(lanes.count);
     let mut lane_txs = Vec::with_capacity(lanes.count);
     for _ in 0..lanes.count {
         let (tx, rx) = mpsc::channel(LANE_QUEUE);
-        lane_tasks.spawn(lane::run(Arc::clone(&shared), rx, done_tx.clone()));
+        lane_futures.push(Box::pin(lane::run(
+            Arc::clone(&shared),
+            rx,
+            done_tx.clone(),
+        )));
         lane_txs.push(tx);
     }
+    let mut lanes_running = poll_fn(move |cx| {
+        lane_futures.retain_mut(|lane| lane.as_mut().poll(cx).is_pending());
+        if lane_futures.is_empty() {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    });
     // Only lanes hold senders, so `done_rx` ends exactly when every lane has ended.
     drop(done_tx);
     let mut timers: JoinSet<Done<Sub::Receipt>> = JoinSet::new();
@@ -91,26 +112,36 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
     let mut pending: Option<(usize, Job<Sub::Receipt>)> = None;
     let mut round_robin = 0usize;
 
-    loop {
-        if *stop.borrow() {
-            break;
+    // One waiter for the whole loop (it also sees a stop asked before the start, and a
+    // dropped app, whose sender is gone).
+    let mut stopped = pin!(async move {
+        while !*stop.borrow_and_update() {
+            if stop.changed().await.is_err() {
+                break;
+            }
         }
+    });
+    loop {
         let lane = pending.as_ref().map_or(0, |(lane, _)| *lane);
         tokio::select! {
             biased;
+            () = &mut lanes_running => {
+                tracing::error!(registration = &*shared.registration, "the lanes ended unexpectedly");
+                break;
+            }
             Some(done) = done_rx.recv() => {
                 apply(&mut subscription, &shared, done, &mut timers, &timers_rx).await;
+                // Settle everything already finished before going round the loop again.
+                while let Ok(done) = done_rx.try_recv() {
+                    apply(&mut subscription, &shared, done, &mut timers, &timers_rx).await;
+                }
             }
             Some(joined) = timers.join_next(), if !timers.is_empty() => {
                 if let Ok(done) = joined {
                     apply(&mut subscription, &shared, done, &mut timers, &timers_rx).await;
                 }
             }
-            changed = stop.changed() => {
-                if changed.is_err() {
-                    break;
-                }
-            }
+            () = &mut stopped => break,
             permit = lane_txs[lane].reserve(), if pending.is_some() => {
                 let Some((_, job)) = pending.take() else { continue };
                 match permit {
@@ -126,7 +157,16 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
                 Some(Ok((delivery, receipt))) => {
                     shared.activity.begin();
                     let lane = pick_lane(&delivery, &lanes, &mut round_robin);
-                    pending = Some((lane, Job { delivery, receipt }));
+                    // A lane with room takes it at once; a full one is waited for above.
+                    match lane_txs[lane].try_send(Job { delivery, receipt }) {
+                        Ok(()) => {}
+                        Err(TrySendError::Full(job)) => pending = Some((lane, job)),
+                        Err(TrySendError::Closed(_)) => {
+                            shared.activity.end();
+                            tracing::error!(registration = &*shared.registration, "a lane ended unexpectedly");
+                            break;
+                        }
+                    }
                 }
                 Some(Err(error)) => {
                     tracing::error!(registration = &*shared.registration, %error, "fetching failed; trying again");
@@ -153,8 +193,10 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
     drop(lane_txs);
     let _ = timers_tx.send(Timers::Stopping);
     let mut lanes_open = true;
+    let mut lanes_polled = true;
     while lanes_open || !timers.is_empty() {
         tokio::select! {
+            () = &mut lanes_running, if lanes_polled => lanes_polled = false,
             done = done_rx.recv(), if lanes_open => match done {
                 Some(done) => apply(&mut subscription, &shared, done, &mut timers, &timers_rx).await,
                 None => lanes_open = false,
@@ -165,18 +207,19 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
                 }
             }
             () = sleep_until(deadline) => {
-                let unfinished = lane_tasks.len() + timers.len();
                 tracing::warn!(
                     registration = &*shared.registration,
-                    unfinished,
+                    handlers_running = lanes_open,
+                    timers_waiting = timers.len(),
                     "drain timeout passed; unfinished deliveries stay unsettled"
                 );
-                lane_tasks.abort_all();
+                // Dropping the lanes drops their running handlers.
                 timers.abort_all();
                 break;
             }
         }
     }
+    drop(lanes_running);
     subscription.close().await;
 }
 
