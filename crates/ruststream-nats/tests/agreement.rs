@@ -122,7 +122,7 @@ async fn jetstream_world(nats: &Nats) -> (Publish, DeadLetters, String, String) 
     let base = unique("AGREE");
     let subject = format!("{base}.in");
     let dead = format!("{base}.dead");
-    create_stream(nats, &base, &[subject.clone()]).await;
+    create_stream(nats, &base, std::slice::from_ref(&subject)).await;
     let letters: DeadLetters = Arc::default();
     let mut sub = nats.client().subscribe(dead.clone()).await.unwrap();
     let sink = Arc::clone(&letters);
