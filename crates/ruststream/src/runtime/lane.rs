@@ -43,6 +43,10 @@ async fn handle<S: Service, R>(shared: &Shared<S>, job: Job<R>) -> Done<R> {
         });
     }
     match plan.copy {
+        None if plan.settle == Settle::Redeliver => Done::Redeliver {
+            receipt: job.receipt,
+            delivery: Box::new(delivery),
+        },
         None => Done::Settle {
             receipt: job.receipt,
             settle: plan.settle,
@@ -58,9 +62,16 @@ async fn handle<S: Service, R>(shared: &Shared<S>, job: Job<R>) -> Done<R> {
                 plan.settle,
             )
             .await;
-            Done::Settle {
-                receipt: job.receipt,
-                settle,
+            if settle == Settle::Redeliver {
+                Done::Redeliver {
+                    receipt: job.receipt,
+                    delivery: Box::new(delivery),
+                }
+            } else {
+                Done::Settle {
+                    receipt: job.receipt,
+                    settle,
+                }
             }
         }
         Some(c) => Done::Delayed {

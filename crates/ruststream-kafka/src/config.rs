@@ -1,0 +1,91 @@
+//! Commit modes and the client settings a subscription passes to librdkafka.
+
+use std::collections::BTreeMap;
+
+use ruststream_core::{Capabilities, DeadLetters, DelayedRedelivery, Verb};
+
+/// How a subscription's handler outcomes reach the group's committed offsets (SPEC K1).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Commit {
+    /// librdkafka stores each offset when it hands the record over and its timer commits
+    /// it. `ack` and `drop` do nothing; `retry()` without a declaration is
+    /// `AckError::Unsupported`: nothing brings the record back (K2). A crash after a record
+    /// was handed over and before it was handled loses it.
+    #[default]
+    Auto,
+    /// The automatic offset store is off; every delivered offset is tracked and the stored
+    /// position never passes a record still running (K3). `retry()` delivers the record
+    /// again ahead of what is fetched next (K4).
+    Tracked,
+}
+
+/// Auto: nothing to send for ack and drop, no way back for a retry.
+pub const AUTO_CAPABILITIES: Capabilities = Capabilities {
+    ack: Verb::Implicit,
+    drop: Verb::Implicit,
+    redeliver: Verb::Unsupported,
+    delayed_redelivery: DelayedRedelivery::Unsupported,
+    native_count: false,
+    dead_letters: DeadLetters::Runtime,
+    holds_original: false,
+};
+
+/// Tracked: ack and drop store the position, retry redelivers locally, and a delayed
+/// copy's original keeps the position waiting until the copy is confirmed.
+pub const TRACKED_CAPABILITIES: Capabilities = Capabilities {
+    ack: Verb::Native,
+    drop: Verb::AsAck,
+    redeliver: Verb::Native,
+    delayed_redelivery: DelayedRedelivery::Unsupported,
+    native_count: false,
+    dead_letters: DeadLetters::Runtime,
+    holds_original: true,
+};
+
+impl Commit {
+    /// What the mode can do.
+    pub const fn capabilities(self) -> Capabilities {
+        match self {
+            Commit::Auto => AUTO_CAPABILITIES,
+            Commit::Tracked => TRACKED_CAPABILITIES,
+        }
+    }
+}
+
+/// Settings a subscription hands to librdkafka, on top of the connection's.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Settings {
+    pub(crate) values: BTreeMap<String, String>,
+}
+
+impl Settings {
+    pub(crate) fn set(&mut self, key: String, value: String) {
+        self.values.insert(key, value);
+    }
+
+    fn is(&self, key: &str, value: &str) -> bool {
+        self.values.get(key).is_some_and(|v| v.eq_ignore_ascii_case(value))
+    }
+
+    /// Settings that contradict the mode, one sentence each.
+    pub(crate) fn contradictions(&self, commit: Commit) -> Vec<String> {
+        let mut broken = Vec::new();
+        if self.is("enable.auto.commit", "false") {
+            broken.push(format!(
+                "Commit::{commit:?} commits through librdkafka's auto-commit timer; \
+                 enable.auto.commit=false contradicts it"
+            ));
+        }
+        if commit == Commit::Tracked && self.is("enable.auto.offset.store", "true") {
+            broken.push(
+                "Commit::Tracked stores offsets itself once records settle; \
+                 enable.auto.offset.store=true would store them on fetch"
+                    .to_owned(),
+            );
+        }
+        if self.values.contains_key("group.id") {
+            broken.push("set the group with .group(..), not the group.id setting".to_owned());
+        }
+        broken
+    }
+}

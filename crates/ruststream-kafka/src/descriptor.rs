@@ -1,0 +1,236 @@
+//! The three Kafka descriptors: one topic, a set of topics, explicit partitions.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::{Offset, TopicPartitionList};
+use ruststream_core::{Capabilities, Declaration, Descriptor, Publish, SubscribeError};
+
+use crate::Kafka;
+use crate::config::{Commit, Settings};
+use crate::context::{Moves, TrackingContext};
+use crate::subscription::KafkaSubscription;
+
+/// How long closing a consumer may take before it is left behind.
+pub const DEFAULT_CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone)]
+enum Selection {
+    Topic(String),
+    Topics(Vec<String>),
+    Partitions(Vec<(String, i32, Offset)>),
+}
+
+/// What every descriptor carries.
+#[derive(Debug, Clone)]
+struct Source {
+    kafka: Kafka,
+    selection: Selection,
+    address: String,
+    group: String,
+    commit: Commit,
+    settings: Settings,
+    close_timeout: Duration,
+}
+
+impl Source {
+    fn new(kafka: Kafka, selection: Selection, address: String) -> Self {
+        Self {
+            kafka,
+            selection,
+            address,
+            group: String::new(),
+            commit: Commit::Auto,
+            settings: Settings::default(),
+            close_timeout: DEFAULT_CLOSE_TIMEOUT,
+        }
+    }
+
+    fn check(&self) -> Vec<String> {
+        let mut broken = self.settings.contradictions(self.commit);
+        if self.group.is_empty() {
+            broken.push("a Kafka subscription needs a consumer group: .group(name)".to_owned());
+        }
+        match &self.selection {
+            Selection::Topic(t) if t.is_empty() => broken.push("the topic name is empty".to_owned()),
+            Selection::Topics(ts) if ts.is_empty() => broken.push("no topic to read".to_owned()),
+            Selection::Partitions(ps) if ps.is_empty() => broken.push("no partition to read".to_owned()),
+            _ => {}
+        }
+        broken
+    }
+
+    fn client_config(&self) -> ClientConfig {
+        let mut config = ClientConfig::new();
+        config
+            .set("bootstrap.servers", self.kafka.brokers())
+            .set("group.id", &self.group)
+            .set("enable.auto.commit", "true")
+            .set("auto.offset.reset", "earliest")
+            .set("enable.partition.eof", "false")
+            .set(
+                "enable.auto.offset.store",
+                if self.commit == Commit::Auto { "true" } else { "false" },
+            );
+        for (key, value) in self.kafka.settings().iter().chain(&self.settings.values) {
+            config.set(key, value);
+        }
+        config
+    }
+
+    fn open(self) -> Result<KafkaSubscription, SubscribeError> {
+        let fail = |e: rdkafka::error::KafkaError| SubscribeError::new(&self.address, e);
+        let moves = Arc::new(Moves::default());
+        let consumer: StreamConsumer<TrackingContext> = self
+            .client_config()
+            .create_with_context(TrackingContext {
+                moves: Arc::clone(&moves),
+            })
+            .map_err(fail)?;
+        match &self.selection {
+            Selection::Topic(topic) => consumer.subscribe(&[topic]).map_err(fail)?,
+            Selection::Topics(topics) => {
+                let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
+                consumer.subscribe(&topics).map_err(fail)?;
+            }
+            Selection::Partitions(partitions) => {
+                let mut list = TopicPartitionList::new();
+                for (topic, partition, offset) in partitions {
+                    list.add_partition_offset(topic, *partition, *offset).map_err(fail)?;
+                }
+                consumer.assign(&list).map_err(fail)?;
+            }
+        }
+        Ok(KafkaSubscription::new(
+            consumer,
+            moves,
+            self.commit,
+            &self.address,
+            self.close_timeout,
+        ))
+    }
+}
+
+macro_rules! descriptor {
+    ($(#[$doc:meta])* $name:ident, retry_address: $retry:expr) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone)]
+        pub struct $name {
+            source: Source,
+        }
+
+        impl $name {
+            /// Reads as consumer group `group` (required).
+            pub fn group(mut self, group: impl Into<String>) -> Self {
+                self.source.group = group.into();
+                self
+            }
+
+            /// The commit mode (default [`Commit::Auto`]).
+            pub fn commit(mut self, commit: Commit) -> Self {
+                self.source.commit = commit;
+                self
+            }
+
+            /// Passes a setting to librdkafka's consumer. Settings that contradict the
+            /// commit mode make the app refuse to start.
+            pub fn set(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+                self.source.settings.set(key.into(), value.into());
+                self
+            }
+
+            /// How long closing the consumer may take on stop (default 10 s).
+            pub fn close_timeout(mut self, timeout: Duration) -> Self {
+                self.source.close_timeout = timeout;
+                self
+            }
+        }
+
+        impl Descriptor for $name {
+            type Subscription = KafkaSubscription;
+
+            fn address(&self) -> &str {
+                &self.source.address
+            }
+
+            fn retry_address(&self) -> Option<&str> {
+                let retry: fn(&Source) -> Option<&str> = $retry;
+                retry(&self.source)
+            }
+
+            fn capabilities(&self) -> Capabilities {
+                self.source.commit.capabilities()
+            }
+
+            fn check(&self, _declaration: &Declaration) -> Vec<String> {
+                self.source.check()
+            }
+
+            fn publisher(&self) -> Arc<dyn Publish> {
+                Arc::new(self.source.kafka.publisher())
+            }
+
+            async fn open(self, _declaration: &Declaration) -> Result<KafkaSubscription, SubscribeError> {
+                self.source.open()
+            }
+        }
+    };
+}
+
+descriptor!(
+    /// One topic. Its retry address is the topic itself: a retry copy keeps the key and
+    /// lands on the key's partition behind the records written since (K8, K9).
+    KafkaTopic,
+    retry_address: |s| match &s.selection {
+        Selection::Topic(t) => Some(t.as_str()),
+        _ => None,
+    }
+);
+
+descriptor!(
+    /// Several topics, or a pattern (`^orders\..*`). No single publish reaches them, so a
+    /// registration that may publish retry copies names their topic with `.retry_to(..)`
+    /// or the app refuses to start (K8).
+    KafkaTopics,
+    retry_address: |_| None
+);
+
+descriptor!(
+    /// Explicit partitions with start offsets (no group rebalancing). No single publish
+    /// reaches them, so a registration that may publish retry copies names their topic
+    /// with `.retry_to(..)` or the app refuses to start (K8).
+    KafkaPartitions,
+    retry_address: |_| None
+);
+
+impl KafkaTopic {
+    pub(crate) fn new(kafka: Kafka, topic: String) -> Self {
+        Self {
+            source: Source::new(kafka, Selection::Topic(topic.clone()), topic),
+        }
+    }
+}
+
+impl KafkaTopics {
+    pub(crate) fn new(kafka: Kafka, topics: Vec<String>) -> Self {
+        let address = topics.join(",");
+        Self {
+            source: Source::new(kafka, Selection::Topics(topics), address),
+        }
+    }
+}
+
+impl KafkaPartitions {
+    pub(crate) fn new(kafka: Kafka, partitions: Vec<(String, i32, Offset)>) -> Self {
+        let address = partitions
+            .iter()
+            .map(|(t, p, _)| format!("{t}/{p}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        Self {
+            source: Source::new(kafka, Selection::Partitions(partitions), address),
+        }
+    }
+}

@@ -1,0 +1,144 @@
+//! Kafka transport for ruststream over `rdkafka`.
+//!
+//! Kafka commits one offset per partition and group instead of acknowledging records, so
+//! what an outcome becomes depends on the subscription's [`Commit`] mode (SPEC K1-K9):
+//!
+//! | outcome | `Commit::Auto` (default) | `Commit::Tracked` |
+//! |---|---|---|
+//! | `ack`, `drop` | nothing: librdkafka stored the offset when it handed the record over | the offset settles; the stored position moves up to just below the lowest record still running |
+//! | `retry()` | `AckError::Unsupported`, logged: nothing brings the record back | delivered again ahead of what is fetched next; the position waits |
+//! | `retry_after(d)`, or `retry()` under `max_attempts`/dead letter | a copy (same key, payload, headers, `x-ruststream-retry-count` + 1) to the retry topic after d, confirmed by its delivery report; at the cap a copy to the dead-letter topic | the same; the original stays unsettled until its copy is confirmed, so a crash during the wait brings the original back |
+//!
+//! Under `Commit::Auto` the delayed copy waits in the process while the original's offset
+//! is already stored: a crash before the timer fires loses the retry (the seed's loss
+//! window). `Commit::Tracked` closes that window.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use ruststream::{on, App, HandlerOutcome, Message};
+//! use ruststream_kafka::{Commit, Kafka};
+//!
+//! async fn bill(Message(order): Message<u64>) -> HandlerOutcome {
+//!     if order % 2 == 0 { HandlerOutcome::ack() } else { HandlerOutcome::retry_after(Duration::from_secs(5)) }
+//! }
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let kafka = Kafka::connect("127.0.0.1:9092")?;
+//! App::new()
+//!     .register(on(kafka.topic("orders").group("billing").commit(Commit::Tracked), bill)
+//!         .max_attempts(5)
+//!         .dead_letter("orders.dead")
+//!         .lanes(8))
+//!     .run()
+//!     .await?;
+//! # Ok(()) }
+//! ```
+
+mod close;
+mod config;
+mod context;
+mod descriptor;
+mod publish;
+mod subscription;
+pub mod tracker;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+pub use config::{AUTO_CAPABILITIES, Commit, TRACKED_CAPABILITIES};
+pub use descriptor::{DEFAULT_CLOSE_TIMEOUT, KafkaPartitions, KafkaTopic, KafkaTopics};
+pub use publish::{DELIVERY_TIMEOUT, KafkaPublisher, Landed};
+pub use rdkafka;
+pub use rdkafka::Offset;
+use rdkafka::config::ClientConfig;
+use rdkafka::producer::FutureProducer;
+pub use subscription::{KafkaReceipt, KafkaSubscription};
+
+/// A Kafka cluster: its address, settings shared by every client, and one producer.
+#[derive(Clone)]
+pub struct Kafka {
+    brokers: String,
+    settings: Arc<BTreeMap<String, String>>,
+    producer: Arc<FutureProducer>,
+}
+
+impl std::fmt::Debug for Kafka {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kafka").field("brokers", &self.brokers).finish()
+    }
+}
+
+/// The producer could not be created.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot set up a Kafka client for `{brokers}`: {detail}")]
+pub struct SetupError {
+    /// The bootstrap servers.
+    pub brokers: String,
+    /// What librdkafka said.
+    pub detail: String,
+}
+
+impl Kafka {
+    /// A cluster at `brokers` (`host:port[,host:port]`). Connections are made lazily.
+    pub fn connect(brokers: &str) -> Result<Self, SetupError> {
+        Self::with_settings(brokers, BTreeMap::new())
+    }
+
+    /// Like [`Kafka::connect`], with librdkafka settings for every consumer and the producer.
+    pub fn with_settings(brokers: &str, settings: BTreeMap<String, String>) -> Result<Self, SetupError> {
+        let mut config = ClientConfig::new();
+        config.set("bootstrap.servers", brokers);
+        for (key, value) in &settings {
+            config.set(key, value);
+        }
+        let producer: FutureProducer = config.create().map_err(|e| SetupError {
+            brokers: brokers.to_owned(),
+            detail: e.to_string(),
+        })?;
+        Ok(Self {
+            brokers: brokers.to_owned(),
+            settings: Arc::new(settings),
+            producer: Arc::new(producer),
+        })
+    }
+
+    pub(crate) fn brokers(&self) -> &str {
+        &self.brokers
+    }
+
+    pub(crate) fn settings(&self) -> &BTreeMap<String, String> {
+        &self.settings
+    }
+
+    /// A subscription on one topic.
+    pub fn topic(&self, topic: impl Into<String>) -> KafkaTopic {
+        KafkaTopic::new(self.clone(), topic.into())
+    }
+
+    /// A subscription on several topics, or on the topics matching a pattern that starts
+    /// with `^`.
+    pub fn topics<I, T>(&self, topics: I) -> KafkaTopics
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<String>,
+    {
+        KafkaTopics::new(self.clone(), topics.into_iter().map(Into::into).collect())
+    }
+
+    /// A subscription on explicit partitions, each from its start offset.
+    pub fn partitions<I, T>(&self, partitions: I) -> KafkaPartitions
+    where
+        I: IntoIterator<Item = (T, i32, Offset)>,
+        T: Into<String>,
+    {
+        KafkaPartitions::new(
+            self.clone(),
+            partitions.into_iter().map(|(t, p, o)| (t.into(), p, o)).collect(),
+        )
+    }
+
+    /// The confirmed producer.
+    pub fn publisher(&self) -> KafkaPublisher {
+        KafkaPublisher::new(Arc::clone(&self.producer))
+    }
+}

@@ -1,0 +1,106 @@
+//! Producing records, confirmed by their delivery report.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use ruststream_core::{BoxFuture, Headers, Outgoing, Publish, PublishError, PublishErrorKind};
+
+/// How long a record may wait for its delivery report.
+pub const DELIVERY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Produces records and waits for the broker's delivery report. Cheap to clone.
+#[derive(Clone)]
+pub struct KafkaPublisher {
+    producer: Arc<FutureProducer>,
+}
+
+impl std::fmt::Debug for KafkaPublisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KafkaPublisher")
+    }
+}
+
+/// Where a produced record landed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Landed {
+    /// Its partition.
+    pub partition: i32,
+    /// Its offset.
+    pub offset: i64,
+}
+
+impl KafkaPublisher {
+    pub(crate) fn new(producer: Arc<FutureProducer>) -> Self {
+        Self { producer }
+    }
+
+    /// Produces one record (to `partition`, or by key when `None`) and waits for its
+    /// delivery report.
+    pub async fn send(
+        &self,
+        topic: &str,
+        key: Option<&[u8]>,
+        headers: &Headers,
+        payload: &[u8],
+        partition: Option<i32>,
+    ) -> Result<Landed, PublishError> {
+        let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic).payload(payload);
+        if let Some(key) = key {
+            record = record.key(key);
+        }
+        if let Some(partition) = partition {
+            record = record.partition(partition);
+        }
+        if !headers.is_empty() {
+            record = record.headers(to_kafka(headers));
+        }
+        match self.producer.send(record, DELIVERY_TIMEOUT).await {
+            Ok(delivery) => Ok(Landed {
+                partition: delivery.partition,
+                offset: delivery.offset,
+            }),
+            Err((error, _)) => {
+                let kind = match error.rdkafka_error_code() {
+                    Some(rdkafka::types::RDKafkaErrorCode::MessageTimedOut) => PublishErrorKind::Timeout,
+                    Some(rdkafka::types::RDKafkaErrorCode::AllBrokersDown) => PublishErrorKind::Disconnected,
+                    _ => PublishErrorKind::Rejected,
+                };
+                Err(PublishError::new(topic, kind, error))
+            }
+        }
+    }
+
+    /// The underlying producer.
+    pub fn producer(&self) -> &FutureProducer {
+        &self.producer
+    }
+}
+
+pub(crate) fn to_kafka(headers: &Headers) -> OwnedHeaders {
+    headers.iter().fold(OwnedHeaders::new_with_capacity(headers.len()), |h, (key, value)| {
+        h.insert(Header {
+            key,
+            value: Some(value.as_ref()),
+        })
+    })
+}
+
+impl Publish for KafkaPublisher {
+    fn publish(&self, message: Outgoing) -> BoxFuture<'_, Result<(), PublishError>> {
+        Box::pin(async move {
+            let key: Option<&Bytes> = message.key.as_ref();
+            self.send(
+                &message.address,
+                key.map(|k| k.as_ref()),
+                &message.headers,
+                &message.payload,
+                None,
+            )
+            .await
+            .map(drop)
+        })
+    }
+}

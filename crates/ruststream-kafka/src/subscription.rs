@@ -1,0 +1,244 @@
+//! An open Kafka subscription: records in, positions stored (Tracked), local redelivery.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::message::{BorrowedMessage, Headers as _, Message};
+use ruststream_core::{
+    AckError, Attempt, Delivery, Headers, Metadata, Settle, SubscribeError, Subscription,
+};
+
+use crate::close::off_runtime;
+use crate::config::Commit;
+use crate::context::{Moves, TrackingContext};
+use crate::tracker::OffsetTracker;
+
+/// Where a delivery came from, and which assignment of its partition it belongs to.
+#[derive(Debug, Clone)]
+pub struct KafkaReceipt {
+    topic: Arc<str>,
+    partition: i32,
+    offset: i64,
+    generation: u64,
+}
+
+#[derive(Debug, Default)]
+struct PartitionState {
+    tracker: OffsetTracker,
+    generation: u64,
+}
+
+/// An open subscription. Only its driver task uses it.
+pub struct KafkaSubscription {
+    consumer: Option<Arc<StreamConsumer<TrackingContext>>>,
+    moves: Arc<Moves>,
+    commit: Commit,
+    partitions: HashMap<(Arc<str>, i32), PartitionState>,
+    redeliveries: VecDeque<(Delivery, KafkaReceipt)>,
+    topics: HashMap<String, Arc<str>>,
+    address: Arc<str>,
+    seen_epoch: u64,
+    close_timeout: Duration,
+}
+
+impl std::fmt::Debug for KafkaSubscription {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaSubscription")
+            .field("address", &self.address)
+            .field("commit", &self.commit)
+            .finish()
+    }
+}
+
+impl KafkaSubscription {
+    pub(crate) fn new(
+        consumer: StreamConsumer<TrackingContext>,
+        moves: Arc<Moves>,
+        commit: Commit,
+        address: &str,
+        close_timeout: Duration,
+    ) -> Self {
+        Self {
+            consumer: Some(Arc::new(consumer)),
+            moves,
+            commit,
+            partitions: HashMap::new(),
+            redeliveries: VecDeque::new(),
+            topics: HashMap::new(),
+            address: Arc::from(address),
+            seen_epoch: 0,
+            close_timeout,
+        }
+    }
+
+    /// Discards the tracked state of partitions that moved since the last look (K5).
+    fn forget_moved_partitions(&mut self) {
+        let epoch = self.moves.epoch();
+        if epoch == self.seen_epoch {
+            return;
+        }
+        self.seen_epoch = epoch;
+        for ((topic, partition), state) in &mut self.partitions {
+            let generation = self.moves.generation(topic, *partition);
+            if generation != state.generation {
+                *state = PartitionState {
+                    tracker: OffsetTracker::new(),
+                    generation,
+                };
+            }
+        }
+        let partitions = &self.partitions;
+        self.redeliveries.retain(|(_, r)| {
+            partitions
+                .get(&(Arc::clone(&r.topic), r.partition))
+                .is_some_and(|s| s.generation == r.generation)
+        });
+    }
+
+    fn topic(&mut self, name: &str) -> Arc<str> {
+        if let Some(topic) = self.topics.get(name) {
+            return Arc::clone(topic);
+        }
+        let topic: Arc<str> = Arc::from(name);
+        self.topics.insert(name.to_owned(), Arc::clone(&topic));
+        topic
+    }
+
+    fn delivery(&mut self, message: &BorrowedMessage<'_>) -> (Delivery, KafkaReceipt) {
+        let topic = self.topic(message.topic());
+        let headers: Headers = message
+            .headers()
+            .map(|h| {
+                h.iter()
+                    .map(|header| (header.key, Bytes::copy_from_slice(header.value.unwrap_or_default())))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let (attempt, malformed) = Attempt::from_headers(&headers);
+        if let Some(error) = malformed {
+            tracing::warn!(topic = &*topic, offset = message.offset(), %error, "counting it as the first attempt");
+        }
+        let (partition, offset) = (message.partition(), message.offset());
+        let delivery = Delivery::new(
+            Arc::clone(&topic),
+            Bytes::copy_from_slice(message.payload().unwrap_or_default()),
+        )
+        .with_headers(headers)
+        .with_key(message.key().map(Bytes::copy_from_slice))
+        .with_metadata(Metadata::kafka(partition, offset).with_timestamp_ms(message.timestamp().to_millis()))
+        .with_attempt(attempt);
+        let state = self.partitions.entry((Arc::clone(&topic), partition)).or_insert_with(|| PartitionState {
+            tracker: OffsetTracker::new(),
+            generation: self.moves.generation(&topic, partition),
+        });
+        if self.commit == Commit::Tracked {
+            state.tracker.delivered(offset);
+        }
+        let receipt = KafkaReceipt {
+            topic,
+            partition,
+            offset,
+            generation: state.generation,
+        };
+        (delivery, receipt)
+    }
+
+    fn current(&self, receipt: &KafkaReceipt) -> Option<&PartitionState> {
+        self.partitions
+            .get(&(Arc::clone(&receipt.topic), receipt.partition))
+            .filter(|s| s.generation == receipt.generation)
+    }
+
+    /// The stored position of a partition, for tests and metrics.
+    pub fn stored_position(&self, topic: &str, partition: i32) -> Option<i64> {
+        self.partitions
+            .iter()
+            .find(|((t, p), _)| &**t == topic && *p == partition)
+            .and_then(|(_, s)| s.tracker.stored())
+    }
+}
+
+impl Subscription for KafkaSubscription {
+    type Receipt = KafkaReceipt;
+
+    async fn next(&mut self) -> Option<Result<(Delivery, KafkaReceipt), SubscribeError>> {
+        self.forget_moved_partitions();
+        if let Some(next) = self.redeliveries.pop_front() {
+            return Some(Ok(next));
+        }
+        let consumer = Arc::clone(self.consumer.as_ref()?);
+        let result = consumer.recv().await;
+        self.forget_moved_partitions();
+        match result {
+            Ok(message) => Some(Ok(self.delivery(&message))),
+            Err(e) => Some(Err(SubscribeError::new(&*self.address, e))),
+        }
+    }
+
+    async fn settle(&mut self, receipt: KafkaReceipt, settle: Settle) -> Result<(), AckError> {
+        match (self.commit, settle) {
+            (_, Settle::Nothing) | (Commit::Auto, _) => Ok(()),
+            (Commit::Tracked, Settle::Ack | Settle::Drop) => {
+                self.forget_moved_partitions();
+                let key = (Arc::clone(&receipt.topic), receipt.partition);
+                let Some(state) = self.partitions.get_mut(&key).filter(|s| s.generation == receipt.generation) else {
+                    // Read before the partition moved: its next reader starts from the
+                    // committed offset anyway (K5).
+                    return Ok(());
+                };
+                let Some(position) = state.tracker.settled(receipt.offset) else {
+                    return Ok(());
+                };
+                let Some(consumer) = self.consumer.as_ref() else {
+                    return Ok(());
+                };
+                // Stores position + 1: the offset the group resumes from.
+                consumer
+                    .store_offset(&receipt.topic, receipt.partition, position)
+                    .map_err(|e| AckError::Failed(format!("storing offset {position} of {}/{}: {e}", receipt.topic, receipt.partition)))
+            }
+            (Commit::Tracked, other) => Err(AckError::Failed(format!("{other:?} has no meaning on Kafka"))),
+        }
+    }
+
+    async fn redeliver(&mut self, receipt: KafkaReceipt, delivery: Delivery) -> Result<(), AckError> {
+        if self.commit != Commit::Tracked {
+            return Err(AckError::Unsupported { verb: "retry" });
+        }
+        self.forget_moved_partitions();
+        if self.current(&receipt).is_some() {
+            // Still running in the tracker, so the position waits for it (K4).
+            self.redeliveries.push_back((delivery, receipt));
+        }
+        Ok(())
+    }
+
+    async fn close(mut self) {
+        let Some(consumer) = self.consumer.take() else {
+            return;
+        };
+        let tracked = self.commit == Commit::Tracked;
+        off_runtime("commit and close the Kafka consumer", self.close_timeout, move || {
+            if tracked && let Err(e) = consumer.commit_consumer_state(CommitMode::Sync) {
+                tracing::debug!(error = %e, "final commit on close");
+            }
+            consumer.unsubscribe();
+            drop(consumer);
+        })
+        .await;
+    }
+}
+
+impl Drop for KafkaSubscription {
+    fn drop(&mut self) {
+        if let Some(consumer) = self.consumer.take() {
+            // Never drop a consumer on the async runtime's thread (it can block).
+            let _ = std::thread::Builder::new()
+                .name("ruststream-kafka-drop".to_owned())
+                .spawn(move || drop(consumer));
+        }
+    }
+}
