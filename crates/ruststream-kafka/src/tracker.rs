@@ -12,6 +12,7 @@ use std::collections::BTreeSet;
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct OffsetTracker {
     running: BTreeSet<i64>,
+    lowest_delivered: Option<i64>,
     highest_delivered: Option<i64>,
     stored: Option<i64>,
 }
@@ -25,6 +26,7 @@ impl OffsetTracker {
     /// `offset` was handed to a handler (again, for a redelivery).
     pub fn delivered(&mut self, offset: i64) {
         self.running.insert(offset);
+        self.lowest_delivered = Some(self.lowest_delivered.map_or(offset, |l| l.min(offset)));
         self.highest_delivered = Some(self.highest_delivered.map_or(offset, |h| h.max(offset)));
     }
 
@@ -37,7 +39,10 @@ impl OffsetTracker {
             Some(lowest) => lowest - 1,
             None => self.highest_delivered?,
         };
-        if self.stored.is_some_and(|stored| stored >= position) {
+        // Below the first delivered offset there is nothing of ours to store.
+        if self.stored.is_some_and(|stored| stored >= position)
+            || self.lowest_delivered.is_some_and(|lowest| position < lowest)
+        {
             return None;
         }
         self.stored = Some(position);
