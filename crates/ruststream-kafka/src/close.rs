@@ -24,7 +24,10 @@ pub(crate) async fn off_runtime<T: Send + 'static>(
     match tokio::time::timeout(deadline, rx).await {
         Ok(Ok(value)) => Some(value),
         _ => {
-            tracing::warn!(?deadline, "gave up waiting to {what}; its thread is left behind");
+            tracing::warn!(
+                ?deadline,
+                "gave up waiting to {what}; its thread is left behind"
+            );
             None
         }
     }

@@ -64,7 +64,9 @@ impl Settings {
     }
 
     fn is(&self, key: &str, value: &str) -> bool {
-        self.values.get(key).is_some_and(|v| v.eq_ignore_ascii_case(value))
+        self.values
+            .get(key)
+            .is_some_and(|v| v.eq_ignore_ascii_case(value))
     }
 
     /// Settings that contradict the mode, one sentence each.

@@ -29,8 +29,11 @@ impl Moves {
             .unwrap_or(0)
     }
 
-    fn moved(&self, partitions: impl Iterator<Item = (String, i32)>) {
-        let mut generations = self.generations.lock().unwrap_or_else(PoisonError::into_inner);
+    pub(crate) fn moved(&self, partitions: impl Iterator<Item = (String, i32)>) {
+        let mut generations = self
+            .generations
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         for key in partitions {
             *generations.entry(key).or_default() += 1;
         }
@@ -56,7 +59,10 @@ impl ConsumerContext for TrackingContext {
             }
         };
         if let Rebalance::Revoke(_) = rebalance {
-            tracing::info!(partitions = list.count(), "partitions revoked; their tracked state is discarded");
+            tracing::info!(
+                partitions = list.count(),
+                "partitions revoked; their tracked state is discarded"
+            );
         }
         self.moves.moved(
             list.elements()

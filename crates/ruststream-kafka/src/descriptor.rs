@@ -54,9 +54,13 @@ impl Source {
             broken.push("a Kafka subscription needs a consumer group: .group(name)".to_owned());
         }
         match &self.selection {
-            Selection::Topic(t) if t.is_empty() => broken.push("the topic name is empty".to_owned()),
+            Selection::Topic(t) if t.is_empty() => {
+                broken.push("the topic name is empty".to_owned())
+            }
             Selection::Topics(ts) if ts.is_empty() => broken.push("no topic to read".to_owned()),
-            Selection::Partitions(ps) if ps.is_empty() => broken.push("no partition to read".to_owned()),
+            Selection::Partitions(ps) if ps.is_empty() => {
+                broken.push("no partition to read".to_owned())
+            }
             _ => {}
         }
         broken
@@ -72,7 +76,11 @@ impl Source {
             .set("enable.partition.eof", "false")
             .set(
                 "enable.auto.offset.store",
-                if self.commit == Commit::Auto { "true" } else { "false" },
+                if self.commit == Commit::Auto {
+                    "true"
+                } else {
+                    "false"
+                },
             );
         for (key, value) in self.kafka.settings().iter().chain(&self.settings.values) {
             config.set(key, value);
@@ -98,7 +106,8 @@ impl Source {
             Selection::Partitions(partitions) => {
                 let mut list = TopicPartitionList::new();
                 for (topic, partition, offset) in partitions {
-                    list.add_partition_offset(topic, *partition, *offset).map_err(fail)?;
+                    list.add_partition_offset(topic, *partition, *offset)
+                        .map_err(fail)?;
                 }
                 consumer.assign(&list).map_err(fail)?;
             }

@@ -64,7 +64,9 @@ pub struct Kafka {
 
 impl std::fmt::Debug for Kafka {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Kafka").field("brokers", &self.brokers).finish()
+        f.debug_struct("Kafka")
+            .field("brokers", &self.brokers)
+            .finish()
     }
 }
 
@@ -85,7 +87,10 @@ impl Kafka {
     }
 
     /// Like [`Kafka::connect`], with librdkafka settings for every consumer and the producer.
-    pub fn with_settings(brokers: &str, settings: BTreeMap<String, String>) -> Result<Self, SetupError> {
+    pub fn with_settings(
+        brokers: &str,
+        settings: BTreeMap<String, String>,
+    ) -> Result<Self, SetupError> {
         let mut config = ClientConfig::new();
         config.set("bootstrap.servers", brokers);
         for (key, value) in &settings {
@@ -133,7 +138,10 @@ impl Kafka {
     {
         KafkaPartitions::new(
             self.clone(),
-            partitions.into_iter().map(|(t, p, o)| (t.into(), p, o)).collect(),
+            partitions
+                .into_iter()
+                .map(|(t, p, o)| (t.into(), p, o))
+                .collect(),
         )
     }
 

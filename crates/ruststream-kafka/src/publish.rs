@@ -64,8 +64,12 @@ impl KafkaPublisher {
             }),
             Err((error, _)) => {
                 let kind = match error.rdkafka_error_code() {
-                    Some(rdkafka::types::RDKafkaErrorCode::MessageTimedOut) => PublishErrorKind::Timeout,
-                    Some(rdkafka::types::RDKafkaErrorCode::AllBrokersDown) => PublishErrorKind::Disconnected,
+                    Some(rdkafka::types::RDKafkaErrorCode::MessageTimedOut) => {
+                        PublishErrorKind::Timeout
+                    }
+                    Some(rdkafka::types::RDKafkaErrorCode::AllBrokersDown) => {
+                        PublishErrorKind::Disconnected
+                    }
                     _ => PublishErrorKind::Rejected,
                 };
                 Err(PublishError::new(topic, kind, error))
@@ -80,12 +84,15 @@ impl KafkaPublisher {
 }
 
 pub(crate) fn to_kafka(headers: &Headers) -> OwnedHeaders {
-    headers.iter().fold(OwnedHeaders::new_with_capacity(headers.len()), |h, (key, value)| {
-        h.insert(Header {
-            key,
-            value: Some(value.as_ref()),
-        })
-    })
+    headers.iter().fold(
+        OwnedHeaders::new_with_capacity(headers.len()),
+        |h, (key, value)| {
+            h.insert(Header {
+                key,
+                value: Some(value.as_ref()),
+            })
+        },
+    )
 }
 
 impl Publish for KafkaPublisher {

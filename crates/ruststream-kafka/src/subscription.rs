@@ -31,46 +31,23 @@ struct PartitionState {
     generation: u64,
 }
 
-/// An open subscription. Only its driver task uses it.
-pub struct KafkaSubscription {
-    consumer: Option<Arc<StreamConsumer<TrackingContext>>>,
+/// The subscription's bookkeeping, apart from the consumer: trackers per partition and
+/// assignment generation, and records waiting to be delivered again.
+#[derive(Debug)]
+struct Book {
     moves: Arc<Moves>,
-    commit: Commit,
     partitions: HashMap<(Arc<str>, i32), PartitionState>,
     redeliveries: VecDeque<(Delivery, KafkaReceipt)>,
-    topics: HashMap<String, Arc<str>>,
-    address: Arc<str>,
     seen_epoch: u64,
-    close_timeout: Duration,
 }
 
-impl std::fmt::Debug for KafkaSubscription {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KafkaSubscription")
-            .field("address", &self.address)
-            .field("commit", &self.commit)
-            .finish()
-    }
-}
-
-impl KafkaSubscription {
-    pub(crate) fn new(
-        consumer: StreamConsumer<TrackingContext>,
-        moves: Arc<Moves>,
-        commit: Commit,
-        address: &str,
-        close_timeout: Duration,
-    ) -> Self {
+impl Book {
+    fn new(moves: Arc<Moves>) -> Self {
         Self {
-            consumer: Some(Arc::new(consumer)),
             moves,
-            commit,
             partitions: HashMap::new(),
             redeliveries: VecDeque::new(),
-            topics: HashMap::new(),
-            address: Arc::from(address),
             seen_epoch: 0,
-            close_timeout,
         }
     }
 
@@ -98,6 +75,101 @@ impl KafkaSubscription {
         });
     }
 
+    /// Records a delivered offset (tracked or not) and makes its receipt.
+    fn delivered(
+        &mut self,
+        topic: Arc<str>,
+        partition: i32,
+        offset: i64,
+        track: bool,
+    ) -> KafkaReceipt {
+        let moves = &self.moves;
+        let state = self
+            .partitions
+            .entry((Arc::clone(&topic), partition))
+            .or_insert_with(|| PartitionState {
+                tracker: OffsetTracker::new(),
+                generation: moves.generation(&topic, partition),
+            });
+        if track {
+            state.tracker.delivered(offset);
+        }
+        KafkaReceipt {
+            topic,
+            partition,
+            offset,
+            generation: state.generation,
+        }
+    }
+
+    /// Settles a receipt: the new stored position when it moved; nothing for a delivery
+    /// read before its partition moved.
+    fn settled(&mut self, receipt: &KafkaReceipt) -> Option<i64> {
+        self.forget_moved_partitions();
+        self.partitions
+            .get_mut(&(Arc::clone(&receipt.topic), receipt.partition))
+            .filter(|s| s.generation == receipt.generation)?
+            .tracker
+            .settled(receipt.offset)
+    }
+
+    /// Queues a delivery to be handed out again, unless its partition moved.
+    fn redeliver(&mut self, delivery: Delivery, receipt: KafkaReceipt) {
+        self.forget_moved_partitions();
+        let current = self
+            .partitions
+            .get(&(Arc::clone(&receipt.topic), receipt.partition))
+            .is_some_and(|s| s.generation == receipt.generation);
+        if current {
+            self.redeliveries.push_back((delivery, receipt));
+        }
+    }
+
+    fn stored(&self, topic: &str, partition: i32) -> Option<i64> {
+        self.partitions
+            .iter()
+            .find(|((t, p), _)| &**t == topic && *p == partition)
+            .and_then(|(_, s)| s.tracker.stored())
+    }
+}
+
+/// An open subscription. Only its driver task uses it.
+pub struct KafkaSubscription {
+    consumer: Option<Arc<StreamConsumer<TrackingContext>>>,
+    book: Book,
+    commit: Commit,
+    topics: HashMap<String, Arc<str>>,
+    address: Arc<str>,
+    close_timeout: Duration,
+}
+
+impl std::fmt::Debug for KafkaSubscription {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaSubscription")
+            .field("address", &self.address)
+            .field("commit", &self.commit)
+            .finish()
+    }
+}
+
+impl KafkaSubscription {
+    pub(crate) fn new(
+        consumer: StreamConsumer<TrackingContext>,
+        moves: Arc<Moves>,
+        commit: Commit,
+        address: &str,
+        close_timeout: Duration,
+    ) -> Self {
+        Self {
+            consumer: Some(Arc::new(consumer)),
+            book: Book::new(moves),
+            commit,
+            topics: HashMap::new(),
+            address: Arc::from(address),
+            close_timeout,
+        }
+    }
+
     fn topic(&mut self, name: &str) -> Arc<str> {
         if let Some(topic) = self.topics.get(name) {
             return Arc::clone(topic);
@@ -113,7 +185,12 @@ impl KafkaSubscription {
             .headers()
             .map(|h| {
                 h.iter()
-                    .map(|header| (header.key, Bytes::copy_from_slice(header.value.unwrap_or_default())))
+                    .map(|header| {
+                        (
+                            header.key,
+                            Bytes::copy_from_slice(header.value.unwrap_or_default()),
+                        )
+                    })
                     .collect()
             })
             .unwrap_or_default();
@@ -128,36 +205,19 @@ impl KafkaSubscription {
         )
         .with_headers(headers)
         .with_key(message.key().map(Bytes::copy_from_slice))
-        .with_metadata(Metadata::kafka(partition, offset).with_timestamp_ms(message.timestamp().to_millis()))
+        .with_metadata(
+            Metadata::kafka(partition, offset).with_timestamp_ms(message.timestamp().to_millis()),
+        )
         .with_attempt(attempt);
-        let state = self.partitions.entry((Arc::clone(&topic), partition)).or_insert_with(|| PartitionState {
-            tracker: OffsetTracker::new(),
-            generation: self.moves.generation(&topic, partition),
-        });
-        if self.commit == Commit::Tracked {
-            state.tracker.delivered(offset);
-        }
-        let receipt = KafkaReceipt {
-            topic,
-            partition,
-            offset,
-            generation: state.generation,
-        };
+        let receipt = self
+            .book
+            .delivered(topic, partition, offset, self.commit == Commit::Tracked);
         (delivery, receipt)
     }
 
-    fn current(&self, receipt: &KafkaReceipt) -> Option<&PartitionState> {
-        self.partitions
-            .get(&(Arc::clone(&receipt.topic), receipt.partition))
-            .filter(|s| s.generation == receipt.generation)
-    }
-
-    /// The stored position of a partition, for tests and metrics.
+    /// The stored position of a partition (`Commit::Tracked`), for tests and metrics.
     pub fn stored_position(&self, topic: &str, partition: i32) -> Option<i64> {
-        self.partitions
-            .iter()
-            .find(|((t, p), _)| &**t == topic && *p == partition)
-            .and_then(|(_, s)| s.tracker.stored())
+        self.book.stored(topic, partition)
     }
 }
 
@@ -165,13 +225,13 @@ impl Subscription for KafkaSubscription {
     type Receipt = KafkaReceipt;
 
     async fn next(&mut self) -> Option<Result<(Delivery, KafkaReceipt), SubscribeError>> {
-        self.forget_moved_partitions();
-        if let Some(next) = self.redeliveries.pop_front() {
+        self.book.forget_moved_partitions();
+        if let Some(next) = self.book.redeliveries.pop_front() {
             return Some(Ok(next));
         }
         let consumer = Arc::clone(self.consumer.as_ref()?);
         let result = consumer.recv().await;
-        self.forget_moved_partitions();
+        self.book.forget_moved_partitions();
         match result {
             Ok(message) => Some(Ok(self.delivery(&message))),
             Err(e) => Some(Err(SubscribeError::new(&*self.address, e))),
@@ -182,14 +242,10 @@ impl Subscription for KafkaSubscription {
         match (self.commit, settle) {
             (_, Settle::Nothing) | (Commit::Auto, _) => Ok(()),
             (Commit::Tracked, Settle::Ack | Settle::Drop) => {
-                self.forget_moved_partitions();
-                let key = (Arc::clone(&receipt.topic), receipt.partition);
-                let Some(state) = self.partitions.get_mut(&key).filter(|s| s.generation == receipt.generation) else {
-                    // Read before the partition moved: its next reader starts from the
-                    // committed offset anyway (K5).
-                    return Ok(());
-                };
-                let Some(position) = state.tracker.settled(receipt.offset) else {
+                // Nothing to store when the position did not move, or when the delivery
+                // was read before its partition moved: the partition's next reader
+                // starts from the committed offset anyway (K5).
+                let Some(position) = self.book.settled(&receipt) else {
                     return Ok(());
                 };
                 let Some(consumer) = self.consumer.as_ref() else {
@@ -198,21 +254,29 @@ impl Subscription for KafkaSubscription {
                 // Stores position + 1: the offset the group resumes from.
                 consumer
                     .store_offset(&receipt.topic, receipt.partition, position)
-                    .map_err(|e| AckError::Failed(format!("storing offset {position} of {}/{}: {e}", receipt.topic, receipt.partition)))
+                    .map_err(|e| {
+                        AckError::Failed(format!(
+                            "storing offset {position} of {}/{}: {e}",
+                            receipt.topic, receipt.partition
+                        ))
+                    })
             }
-            (Commit::Tracked, other) => Err(AckError::Failed(format!("{other:?} has no meaning on Kafka"))),
+            (Commit::Tracked, other) => Err(AckError::Failed(format!(
+                "{other:?} has no meaning on Kafka"
+            ))),
         }
     }
 
-    async fn redeliver(&mut self, receipt: KafkaReceipt, delivery: Delivery) -> Result<(), AckError> {
+    async fn redeliver(
+        &mut self,
+        receipt: KafkaReceipt,
+        delivery: Delivery,
+    ) -> Result<(), AckError> {
         if self.commit != Commit::Tracked {
             return Err(AckError::Unsupported { verb: "retry" });
         }
-        self.forget_moved_partitions();
-        if self.current(&receipt).is_some() {
-            // Still running in the tracker, so the position waits for it (K4).
-            self.redeliveries.push_back((delivery, receipt));
-        }
+        // Still running in the tracker, so the position waits for it (K4).
+        self.book.redeliver(delivery, receipt);
         Ok(())
     }
 
@@ -221,13 +285,17 @@ impl Subscription for KafkaSubscription {
             return;
         };
         let tracked = self.commit == Commit::Tracked;
-        off_runtime("commit and close the Kafka consumer", self.close_timeout, move || {
-            if tracked && let Err(e) = consumer.commit_consumer_state(CommitMode::Sync) {
-                tracing::debug!(error = %e, "final commit on close");
-            }
-            consumer.unsubscribe();
-            drop(consumer);
-        })
+        off_runtime(
+            "commit and close the Kafka consumer",
+            self.close_timeout,
+            move || {
+                if tracked && let Err(e) = consumer.commit_consumer_state(CommitMode::Sync) {
+                    tracing::debug!(error = %e, "final commit on close");
+                }
+                consumer.unsubscribe();
+                drop(consumer);
+            },
+        )
         .await;
     }
 }
@@ -240,5 +308,52 @@ impl Drop for KafkaSubscription {
                 .name("ruststream-kafka-drop".to_owned())
                 .spawn(move || drop(consumer));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn delivery(topic: &Arc<str>) -> Delivery {
+        Delivery::new(Arc::clone(topic), Bytes::from_static(b"x"))
+    }
+
+    #[test]
+    fn k5_a_move_discards_tracked_state_and_late_settlements_change_nothing() {
+        let moves = Arc::new(Moves::default());
+        let mut book = Book::new(Arc::clone(&moves));
+        let topic: Arc<str> = Arc::from("orders");
+        let early: Vec<KafkaReceipt> = (0..3)
+            .map(|o| book.delivered(Arc::clone(&topic), 0, o, true))
+            .collect();
+        assert_eq!(book.settled(&early[1]), None, "0 still runs");
+        book.redeliver(delivery(&topic), early[0].clone());
+        // The partition is revoked and assigned again.
+        moves.moved([("orders".to_owned(), 0)].into_iter());
+        assert_eq!(
+            book.settled(&early[0]),
+            None,
+            "read before the move: changes nothing"
+        );
+        assert_eq!(book.stored("orders", 0), None, "tracked state discarded");
+        assert!(
+            book.redeliveries.is_empty(),
+            "a queued redelivery of the old assignment is dropped"
+        );
+        // The new reader starts again from the committed offset.
+        let again = book.delivered(Arc::clone(&topic), 0, 0, true);
+        assert_eq!(book.settled(&again), Some(0));
+        assert_eq!(book.settled(&early[2]), None);
+    }
+
+    #[test]
+    fn k5_other_partitions_keep_their_state() {
+        let moves = Arc::new(Moves::default());
+        let mut book = Book::new(Arc::clone(&moves));
+        let topic: Arc<str> = Arc::from("orders");
+        let p1 = book.delivered(Arc::clone(&topic), 1, 7, true);
+        moves.moved([("orders".to_owned(), 0)].into_iter());
+        assert_eq!(book.settled(&p1), Some(7));
     }
 }

@@ -41,7 +41,9 @@ impl OffsetTracker {
         };
         // Below the first delivered offset there is nothing of ours to store.
         if self.stored.is_some_and(|stored| stored >= position)
-            || self.lowest_delivered.is_some_and(|lowest| position < lowest)
+            || self
+                .lowest_delivered
+                .is_some_and(|lowest| position < lowest)
         {
             return None;
         }
@@ -146,12 +148,17 @@ mod tests {
             let count = 1 + rng.below(40);
             for _ in 0..count {
                 undelivered.push(next);
-                next += 1 + if rng.below(4) == 0 { rng.below(3) as i64 } else { 0 };
+                next += 1 + if rng.below(4) == 0 {
+                    rng.below(3) as i64
+                } else {
+                    0
+                };
             }
             let highest = *undelivered.last().unwrap();
             undelivered.reverse();
             while !undelivered.is_empty() || !unsettled.is_empty() {
-                let deliver = !undelivered.is_empty() && (unsettled.is_empty() || rng.below(2) == 0);
+                let deliver =
+                    !undelivered.is_empty() && (unsettled.is_empty() || rng.below(2) == 0);
                 if deliver {
                     let offset = undelivered.pop().unwrap();
                     t.delivered(offset);
@@ -162,10 +169,17 @@ mod tests {
                     t.settled(offset);
                 }
                 if let (Some(stored), Some(lowest)) = (t.stored(), unsettled.iter().min()) {
-                    assert!(stored < *lowest, "seed {seed}: stored {stored} passed unsettled {lowest}");
+                    assert!(
+                        stored < *lowest,
+                        "seed {seed}: stored {stored} passed unsettled {lowest}"
+                    );
                 }
             }
-            assert_eq!(t.stored(), Some(highest), "seed {seed}: all settled reaches the highest delivered");
+            assert_eq!(
+                t.stored(),
+                Some(highest),
+                "seed {seed}: all settled reaches the highest delivered"
+            );
         }
     }
 }
