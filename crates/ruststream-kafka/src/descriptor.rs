@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdkafka::config::ClientConfig;
+use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::{Offset, TopicPartitionList};
 use ruststream_core::{Capabilities, Declaration, Descriptor, Publish, SubscribeError};
@@ -85,6 +85,14 @@ impl Source {
         for (key, value) in self.kafka.settings().iter().chain(&self.settings.values) {
             config.set(key, value);
         }
+        // librdkafka's own log goes to `tracing` (target `librdkafka`); its debug contexts
+        // only when asked for with the `debug` setting.
+        let debugging = config.get("debug").is_some();
+        config.set_log_level(if debugging {
+            RDKafkaLogLevel::Debug
+        } else {
+            RDKafkaLogLevel::Info
+        });
         config
     }
 
