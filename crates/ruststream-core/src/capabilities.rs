@@ -63,6 +63,10 @@ pub struct Capabilities {
     /// The original can stay unsettled while its delayed copy waits (Kafka Tracked and
     /// Transactional: the position waits), so a crash brings the original back.
     pub holds_original: bool,
+    /// `Redeliver` means the same record handled again by this subscription (Kafka
+    /// `Commit::Tracked` has nothing to ask the broker): the runtime runs it again in its
+    /// lane at once, so it comes before the next record and its key keeps its order.
+    pub redeliver_in_place: bool,
 }
 
 impl Capabilities {
@@ -75,5 +79,6 @@ impl Capabilities {
         native_count: false,
         dead_letters: DeadLetters::Runtime,
         holds_original: false,
+        redeliver_in_place: false,
     };
 }

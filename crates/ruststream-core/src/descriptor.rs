@@ -63,18 +63,6 @@ pub trait Subscription: Send + 'static {
         settle: Settle,
     ) -> impl Future<Output = Result<(), AckError>> + Send;
 
-    /// Delivers `delivery` again ahead of what is fetched next (`Settle::Redeliver`). The
-    /// runtime hands the delivery back for transports that redeliver locally (Kafka
-    /// `Commit::Tracked`); the default asks the broker with `settle`.
-    fn redeliver(
-        &mut self,
-        receipt: Self::Receipt,
-        delivery: Delivery,
-    ) -> impl Future<Output = Result<(), AckError>> + Send {
-        drop(delivery);
-        self.settle(receipt, Settle::Redeliver)
-    }
-
     /// Stops fetching and closes the consumer. Deliveries not settled by now come back
     /// as the broker's rules say.
     fn close(self) -> impl Future<Output = ()> + Send;

@@ -28,6 +28,7 @@ pub const AUTO_CAPABILITIES: Capabilities = Capabilities {
     native_count: false,
     dead_letters: DeadLetters::Runtime,
     holds_original: false,
+    redeliver_in_place: false,
 };
 
 /// Tracked: ack and drop store the position, retry redelivers locally, and a delayed
@@ -40,6 +41,7 @@ pub const TRACKED_CAPABILITIES: Capabilities = Capabilities {
     native_count: false,
     dead_letters: DeadLetters::Runtime,
     holds_original: true,
+    redeliver_in_place: true,
 };
 
 impl Commit {

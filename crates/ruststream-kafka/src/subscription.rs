@@ -1,6 +1,6 @@
-//! An open Kafka subscription: records in, positions stored (Tracked), local redelivery.
+//! An open Kafka subscription: records in, positions stored (Tracked).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,12 +32,11 @@ struct PartitionState {
 }
 
 /// The subscription's bookkeeping, apart from the consumer: trackers per partition and
-/// assignment generation, and records waiting to be delivered again.
+/// assignment generation.
 #[derive(Debug)]
 struct Book {
     moves: Arc<Moves>,
     partitions: HashMap<(Arc<str>, i32), PartitionState>,
-    redeliveries: VecDeque<(Delivery, KafkaReceipt)>,
     seen_epoch: u64,
 }
 
@@ -46,7 +45,6 @@ impl Book {
         Self {
             moves,
             partitions: HashMap::new(),
-            redeliveries: VecDeque::new(),
             seen_epoch: 0,
         }
     }
@@ -67,12 +65,6 @@ impl Book {
                 };
             }
         }
-        let partitions = &self.partitions;
-        self.redeliveries.retain(|(_, r)| {
-            partitions
-                .get(&(Arc::clone(&r.topic), r.partition))
-                .is_some_and(|s| s.generation == r.generation)
-        });
     }
 
     /// Records a delivered offset (tracked or not) and makes its receipt.
@@ -111,18 +103,6 @@ impl Book {
             .filter(|s| s.generation == receipt.generation)?
             .tracker
             .settled(receipt.offset)
-    }
-
-    /// Queues a delivery to be handed out again, unless its partition moved.
-    fn redeliver(&mut self, delivery: Delivery, receipt: KafkaReceipt) {
-        self.forget_moved_partitions();
-        let current = self
-            .partitions
-            .get(&(Arc::clone(&receipt.topic), receipt.partition))
-            .is_some_and(|s| s.generation == receipt.generation);
-        if current {
-            self.redeliveries.push_back((delivery, receipt));
-        }
     }
 
     fn stored(&self, topic: &str, partition: i32) -> Option<i64> {
@@ -225,10 +205,6 @@ impl Subscription for KafkaSubscription {
     type Receipt = KafkaReceipt;
 
     async fn next(&mut self) -> Option<Result<(Delivery, KafkaReceipt), SubscribeError>> {
-        self.book.forget_moved_partitions();
-        if let Some(next) = self.book.redeliveries.pop_front() {
-            return Some(Ok(next));
-        }
         let consumer = Arc::clone(self.consumer.as_ref()?);
         let result = consumer.recv().await;
         self.book.forget_moved_partitions();
@@ -267,19 +243,6 @@ impl Subscription for KafkaSubscription {
         }
     }
 
-    async fn redeliver(
-        &mut self,
-        receipt: KafkaReceipt,
-        delivery: Delivery,
-    ) -> Result<(), AckError> {
-        if self.commit != Commit::Tracked {
-            return Err(AckError::Unsupported { verb: "retry" });
-        }
-        // Still running in the tracker, so the position waits for it (K4).
-        self.book.redeliver(delivery, receipt);
-        Ok(())
-    }
-
     async fn close(mut self) {
         let Some(consumer) = self.consumer.take() else {
             return;
@@ -315,10 +278,6 @@ impl Drop for KafkaSubscription {
 mod tests {
     use super::*;
 
-    fn delivery(topic: &Arc<str>) -> Delivery {
-        Delivery::new(Arc::clone(topic), Bytes::from_static(b"x"))
-    }
-
     #[test]
     fn k5_a_move_discards_tracked_state_and_late_settlements_change_nothing() {
         let moves = Arc::new(Moves::default());
@@ -328,7 +287,6 @@ mod tests {
             .map(|o| book.delivered(Arc::clone(&topic), 0, o, true))
             .collect();
         assert_eq!(book.settled(&early[1]), None, "0 still runs");
-        book.redeliver(delivery(&topic), early[0].clone());
         // The partition is revoked and assigned again.
         moves.moved([("orders".to_owned(), 0)].into_iter());
         assert_eq!(
@@ -337,10 +295,6 @@ mod tests {
             "read before the move: changes nothing"
         );
         assert_eq!(book.stored("orders", 0), None, "tracked state discarded");
-        assert!(
-            book.redeliveries.is_empty(),
-            "a queued redelivery of the old assignment is dropped"
-        );
         // The new reader starts again from the committed offset.
         let again = book.delivered(Arc::clone(&topic), 0, 0, true);
         assert_eq!(book.settled(&again), Some(0));

@@ -32,6 +32,7 @@ pub const CAPABILITIES: Capabilities = Capabilities {
     native_count: true,
     dead_letters: DeadLetters::Runtime,
     holds_original: true,
+    redeliver_in_place: false,
 };
 
 /// A JetStream stream read through a durable pull consumer, created (or updated) on

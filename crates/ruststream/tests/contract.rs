@@ -36,6 +36,7 @@ impl Descriptor for SeveralAddresses {
             native_count: false,
             dead_letters: DeadLetters::Runtime,
             holds_original: true,
+            redeliver_in_place: false,
         }
     }
     fn publisher(&self) -> Arc<dyn Publish> {

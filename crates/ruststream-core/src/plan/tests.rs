@@ -16,6 +16,7 @@ const KAFKA_AUTO: Capabilities = Capabilities {
     native_count: false,
     dead_letters: DeadLetters::Runtime,
     holds_original: false,
+    redeliver_in_place: false,
 };
 const KAFKA_TRACKED: Capabilities = Capabilities {
     ack: Verb::Native,
@@ -25,6 +26,7 @@ const KAFKA_TRACKED: Capabilities = Capabilities {
     native_count: false,
     dead_letters: DeadLetters::Runtime,
     holds_original: true,
+    redeliver_in_place: true,
 };
 // Transactional settles like Tracked; its `Redeliver` aborts the open window.
 const KAFKA_TRANSACTIONAL: Capabilities = KAFKA_TRACKED;
@@ -36,6 +38,7 @@ const JETSTREAM: Capabilities = Capabilities {
     native_count: true,
     dead_letters: DeadLetters::Runtime,
     holds_original: true,
+    redeliver_in_place: false,
 };
 const CORE: Capabilities = Capabilities::NOTHING;
 const PULSAR_SHARED: Capabilities = Capabilities {
@@ -48,6 +51,7 @@ const PULSAR_SHARED: Capabilities = Capabilities {
     native_count: true,
     dead_letters: DeadLetters::Broker,
     holds_original: true,
+    redeliver_in_place: false,
 };
 const PULSAR_EXCLUSIVE: Capabilities = Capabilities {
     native_count: false,

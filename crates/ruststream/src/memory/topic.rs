@@ -67,6 +67,7 @@ impl Descriptor for MemoryTopic {
                 native_count: false,
                 dead_letters: DeadLetters::Runtime,
                 holds_original: true,
+                redeliver_in_place: true,
             }
         } else {
             Capabilities {
@@ -77,6 +78,7 @@ impl Descriptor for MemoryTopic {
                 native_count: true,
                 dead_letters: DeadLetters::Runtime,
                 holds_original: true,
+                redeliver_in_place: false,
             }
         }
     }

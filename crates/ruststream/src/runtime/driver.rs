@@ -55,9 +55,6 @@ pub(crate) struct Job<R> {
 pub(crate) enum Done<R> {
     /// Settle the original (maybe with `Settle::Nothing`).
     Settle { receipt: R, settle: Settle },
-    /// Deliver it again (the transport may need the delivery itself: Kafka redelivers
-    /// locally). Boxed: retries are rare, and the common variant stays small.
-    Redeliver { receipt: R, delivery: Box<Delivery> },
     /// Publish `copy` after its delay, then settle the original.
     Delayed {
         receipt: R,
@@ -71,17 +68,6 @@ pub(crate) enum Done<R> {
 }
 
 type LaneFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
-
-impl<R> Done<R> {
-    /// The settlement of a delivery the lane or timer is done with.
-    pub(crate) fn new(receipt: R, settle: Settle, delivery: Box<Delivery>) -> Self {
-        if settle == Settle::Redeliver {
-            Done::Redeliver { receipt, delivery }
-        } else {
-            Done::Settle { receipt, settle }
-        }
-    }
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Timers {
@@ -269,12 +255,6 @@ async fn apply<Sub: Subscription, S: Service>(
             }
             shared.activity.end();
         }
-        Done::Redeliver { receipt, delivery } => {
-            if let Err(error) = subscription.redeliver(receipt, *delivery).await {
-                tracing::error!(registration = &*shared.registration, %error, "redelivery failed");
-            }
-            shared.activity.end();
-        }
         Done::HandedBack => shared.activity.end(),
         Done::Delayed {
             receipt,
@@ -311,7 +291,7 @@ async fn apply<Sub: Subscription, S: Service>(
                     settle,
                 )
                 .await;
-                Done::new(receipt, settle, delivery)
+                Done::Settle { receipt, settle }
             });
         }
     }

@@ -31,55 +31,50 @@ pub(crate) async fn run<S: Service, R: Send + 'static>(
 
 async fn handle<S: Service, R>(shared: &Shared<S>, job: Job<R>) -> Done<R> {
     let incoming = Incoming::new(job.delivery, Arc::clone(&shared.context));
-    let completion = call(&shared.service, &incoming).await;
-    let delivery = incoming.into_delivery();
-    let plan = decide(shared, &delivery, &completion);
-    if let Some(observer) = &shared.observer {
-        observer.handled(&Handled {
-            registration: &shared.registration,
-            delivery: &delivery,
-            completion: &completion,
-            plan: &plan,
-        });
-    }
-    match plan.copy {
-        None if plan.settle == Settle::Redeliver => Done::Redeliver {
-            receipt: job.receipt,
-            delivery: Box::new(delivery),
-        },
-        None => Done::Settle {
-            receipt: job.receipt,
-            settle: plan.settle,
-        },
-        Some(c) if c.delay.is_zero() => {
-            let settle = copy::publish(
-                shared.copies.as_ref(),
-                &shared.registration,
-                &delivery,
-                &c,
-                &shared.declaration,
-                &shared.capabilities,
-                plan.settle,
-            )
-            .await;
-            if settle == Settle::Redeliver {
-                Done::Redeliver {
-                    receipt: job.receipt,
-                    delivery: Box::new(delivery),
-                }
-            } else {
-                Done::Settle {
-                    receipt: job.receipt,
-                    settle,
-                }
-            }
+    loop {
+        let completion = call(&shared.service, &incoming).await;
+        let plan = decide(shared, incoming.delivery(), &completion);
+        if let Some(observer) = &shared.observer {
+            observer.handled(&Handled {
+                registration: &shared.registration,
+                delivery: incoming.delivery(),
+                completion: &completion,
+                plan: &plan,
+            });
         }
-        Some(c) => Done::Delayed {
+        let settle = match plan.copy {
+            None => plan.settle,
+            Some(c) if c.delay.is_zero() => {
+                copy::publish(
+                    shared.copies.as_ref(),
+                    &shared.registration,
+                    incoming.delivery(),
+                    &c,
+                    &shared.declaration,
+                    &shared.capabilities,
+                    plan.settle,
+                )
+                .await
+            }
+            Some(c) => {
+                return Done::Delayed {
+                    receipt: job.receipt,
+                    delivery: Box::new(incoming.into_delivery()),
+                    copy: c,
+                    settle: plan.settle,
+                };
+            }
+        };
+        if settle == Settle::Redeliver && shared.capabilities.redeliver_in_place {
+            // The same record again, before anything this lane holds (K4); it stays
+            // unsettled meanwhile, so the position waits for it. Let others run first.
+            tokio::task::yield_now().await;
+            continue;
+        }
+        return Done::Settle {
             receipt: job.receipt,
-            delivery: Box::new(delivery),
-            copy: c,
-            settle: plan.settle,
-        },
+            settle,
+        };
     }
 }
 
