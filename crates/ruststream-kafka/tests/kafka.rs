@@ -765,7 +765,10 @@ async fn k5_a_member_joins_and_leaves_mid_run_and_no_commit_passes_unfinished_wo
         committed_becomes(&group, &t, *p, *end, Duration::from_secs(30)).await;
     }
     first.stop().await;
-    assert!(logs().contains("partitions revoked"), "a real rebalance happened");
+    assert!(
+        logs().contains("partitions revoked"),
+        "a real rebalance happened"
+    );
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let samples = common::blocking(move || watcher.join().unwrap()).await;
     let finished = finished.lock().unwrap();

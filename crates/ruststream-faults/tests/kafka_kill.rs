@@ -1,0 +1,132 @@
+//! SIGKILL a Kafka `Commit::Tracked` service while a `retry_after` waits: the record's
+//! offset was never stored, so the restarted service handles it again (nothing lost).
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use ruststream::Headers;
+use ruststream_kafka::Kafka;
+use ruststream_kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use ruststream_kafka::rdkafka::client::DefaultClientContext;
+use ruststream_kafka::rdkafka::config::ClientConfig;
+use ruststream_kafka::rdkafka::consumer::{BaseConsumer, Consumer};
+use ruststream_kafka::rdkafka::{Offset, TopicPartitionList};
+use tokio::io::{AsyncBufReadExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdout, Command};
+
+fn brokers() -> String {
+    std::env::var("RUSTSTREAM_KAFKA_BROKERS").expect(
+        "RUSTSTREAM_KAFKA_BROKERS is not set: run the tests with scripts/test, which starts tansu",
+    )
+}
+
+fn unique(prefix: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{prefix}-{}-{}", std::process::id(), nanos % 1_000_000_000)
+}
+
+async fn create_topic(topic: &str) {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .create()
+        .expect("admin");
+    for r in admin
+        .create_topics(
+            &[NewTopic::new(topic, 1, TopicReplication::Fixed(1))],
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+        )
+        .await
+        .expect("the Kafka broker answers")
+    {
+        r.expect("topic created");
+    }
+    std::mem::forget(admin);
+}
+
+/// The committed offset, read on a thread of its own (dropping clients can block).
+async fn committed(group: &str, topic: &str) -> Option<i64> {
+    let (group, topic) = (group.to_owned(), topic.to_owned());
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", brokers())
+            .set("group.id", &group)
+            .create()
+            .expect("consumer");
+        let mut list = TopicPartitionList::new();
+        list.add_partition(&topic, 0);
+        let offset = consumer
+            .committed_offsets(list, Duration::from_secs(10))
+            .ok()
+            .and_then(|l| l.find_partition(&topic, 0).map(|e| e.offset()));
+        std::mem::forget(consumer);
+        let _ = tx.send(match offset {
+            Some(Offset::Offset(o)) => Some(o),
+            _ => None,
+        });
+    });
+    rx.await.expect("committed offsets read")
+}
+
+fn service(topic: &str, group: &str, mode: &str) -> (Child, Lines<BufReader<ChildStdout>>) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kafka-service"))
+        .args([&brokers(), topic, group, mode])
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the service starts");
+    let lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    (child, lines)
+}
+
+async fn next_line(lines: &mut Lines<BufReader<ChildStdout>>) -> String {
+    tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+        .await
+        .expect("the service printed within 60 s")
+        .expect("stdout readable")
+        .expect("the service is still running")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn k7_sigkill_during_a_tracked_retry_after_wait_loses_nothing() {
+    let (topic, group) = (unique("kill"), unique("g"));
+    create_topic(&topic).await;
+    let kafka = Kafka::connect(&brokers()).expect("client");
+    kafka
+        .publisher()
+        .send(&topic, Some(b"k"), &Headers::new(), b"order-1", None)
+        .await
+        .expect("produced");
+
+    let (mut first, mut lines) = service(&topic, &group, "hold");
+    assert_eq!(
+        next_line(&mut lines).await,
+        "handled order-1 attempt 1 offset 0"
+    );
+    // The handler asked for retry_after(10 min); the service dies during the wait.
+    first.kill().await.expect("SIGKILL");
+    assert_eq!(
+        committed(&group, &topic).await,
+        None,
+        "the held record was never committed"
+    );
+
+    let (mut second, mut lines) = service(&topic, &group, "ack");
+    assert_eq!(
+        next_line(&mut lines).await,
+        "handled order-1 attempt 1 offset 0",
+        "the record comes back after the restart"
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while committed(&group, &topic).await != Some(1) {
+        assert!(
+            Instant::now() < deadline,
+            "the record was not committed after it was handled"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    second.kill().await.expect("stopped");
+}
