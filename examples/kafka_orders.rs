@@ -1,0 +1,132 @@
+//! An order service on Kafka with `Commit::Tracked`: paid orders are acked, unpaid ones
+//! are retried with `retry_after` (copies with `x-ruststream-retry-count`) and reach the
+//! dead-letter topic after `max_attempts`; a second registration reads the dead letters.
+//!
+//! Needs a Kafka-API broker: `RUSTSTREAM_KAFKA_BROKERS` (default `127.0.0.1:9092`).
+//! Run it with `cargo run -p ruststream-kafka --example kafka_orders`.
+
+use std::time::Duration;
+
+use ruststream::{App, HandlerOutcome, Headers, Message, Meta, State, on};
+use ruststream_kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use ruststream_kafka::rdkafka::client::DefaultClientContext;
+use ruststream_kafka::rdkafka::config::ClientConfig;
+use ruststream_kafka::{Commit, Kafka};
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Order {
+    id: u64,
+    paid: bool,
+}
+
+struct Log(mpsc::UnboundedSender<String>);
+
+async fn on_order(
+    Message(order): Message<Order>,
+    meta: Meta,
+    State(log): State<Log>,
+) -> HandlerOutcome {
+    let outcome = if order.paid {
+        HandlerOutcome::ack()
+    } else {
+        HandlerOutcome::retry_after(Duration::from_millis(200))
+    };
+    let _ = log.0.send(format!(
+        "order {} on partition {:?} offset {:?}, attempt {} -> {outcome}",
+        order.id,
+        meta.metadata.partition,
+        meta.metadata.offset,
+        meta.attempt.number()
+    ));
+    outcome
+}
+
+async fn on_dead_letter(
+    Message(order): Message<Order>,
+    headers: Headers,
+    State(log): State<Log>,
+) -> HandlerOutcome {
+    let _ = log.0.send(format!(
+        "dead letter: order {} (x-ruststream-retry-count {:?})",
+        order.id,
+        headers.get_str(ruststream::RETRY_COUNT_HEADER)
+    ));
+    HandlerOutcome::ack()
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let brokers =
+        std::env::var("RUSTSTREAM_KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into());
+    let suffix = std::process::id();
+    let (orders, dead) = (
+        format!("example-orders-{suffix}"),
+        format!("example-orders-dead-{suffix}"),
+    );
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", &brokers)
+        .create()?;
+    for result in admin
+        .create_topics(
+            &[
+                NewTopic::new(&orders, 2, TopicReplication::Fixed(1)),
+                NewTopic::new(&dead, 1, TopicReplication::Fixed(1)),
+            ],
+            &AdminOptions::new(),
+        )
+        .await?
+    {
+        result.map_err(|(topic, e)| format!("creating {topic}: {e}"))?;
+    }
+
+    let kafka = Kafka::connect(&brokers)?;
+    let subscription = |topic: &str, group: &str| {
+        kafka
+            .topic(topic)
+            .group(group)
+            .commit(Commit::Tracked)
+            .set("session.timeout.ms", "6000")
+            .set("heartbeat.interval.ms", "500")
+    };
+    let (tx, mut log) = mpsc::unbounded_channel();
+    let running = App::new()
+        .state(Log(tx))
+        .register(
+            on(subscription(&orders, "billing"), on_order)
+                .max_attempts(3)
+                .dead_letter(&dead)
+                .lanes(4),
+        )
+        .register(on(subscription(&dead, "dead-letters"), on_dead_letter))
+        .start()
+        .await?;
+
+    let publisher = kafka.publisher();
+    for (id, paid) in [(1, true), (2, false)] {
+        let payload = serde_json::to_vec(&Order { id, paid })?;
+        publisher
+            .send(
+                &orders,
+                Some(id.to_string().as_bytes()),
+                &Headers::new(),
+                &payload,
+                None,
+            )
+            .await?;
+    }
+    // 1 ack + 3 attempts of the unpaid order + its dead letter.
+    for _ in 0..5 {
+        println!(
+            "{}",
+            tokio::time::timeout(Duration::from_secs(60), log.recv())
+                .await?
+                .ok_or("stopped")?
+        );
+    }
+    running.stop().await;
+    std::mem::forget(admin);
+    println!("stopped cleanly");
+    Ok(())
+}
