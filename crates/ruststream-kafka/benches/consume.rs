@@ -116,8 +116,7 @@ async fn framework(kafka: &Kafka, topic: &str, group: &str) -> f64 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     running.stop().await;
-    let rate = span.lock().unwrap().rate();
-    rate
+    span.lock().unwrap().rate()
 }
 
 #[tokio::main]
