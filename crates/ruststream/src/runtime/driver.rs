@@ -11,19 +11,16 @@ use std::task::Poll;
 use std::time::Duration;
 
 use ruststream_core::{Capabilities, Copy, Declaration, Delivery, Publish, Settle, Subscription};
-use tokio::sync::mpsc::error::TrySendError;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep_until};
 
+use super::board::Board;
 use super::{Activity, Observe, copy, lane};
 use crate::extract::Context;
 use crate::middleware::Service;
 use crate::registration::{FailurePolicy, LaneKey};
 
-/// Deliveries a lane holds beyond the one it runs: small, so a slow handler holds back
-/// fetching instead of growing memory.
-const LANE_QUEUE: usize = 1;
 /// After a subscription error, wait this long before fetching again.
 const ERROR_PAUSE: Duration = Duration::from_millis(200);
 
@@ -82,21 +79,15 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
     mut stop: watch::Receiver<bool>,
     drain_timeout: Duration,
 ) {
-    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done<Sub::Receipt>>();
     // Lanes are futures polled by this task, not tasks of their own: handing a delivery
     // to a lane and getting its settlement back then costs no cross-thread wake-up. Lanes
     // run concurrently (a handler waiting on I/O lets the others run), on one thread.
-    let mut lane_futures: Vec<LaneFuture> = Vec::with_capacity(lanes.count);
-    let mut lane_txs = Vec::with_capacity(lanes.count);
-    for _ in 0..lanes.count {
-        let (tx, rx) = mpsc::channel(LANE_QUEUE);
-        lane_futures.push(Box::pin(lane::run(
-            Arc::clone(&shared),
-            rx,
-            done_tx.clone(),
-        )));
-        lane_txs.push(tx);
-    }
+    let board = Arc::new(Board::<Sub::Receipt>::new(lanes.count));
+    let mut lane_futures: Vec<LaneFuture> = (0..lanes.count)
+        .map(|lane| -> LaneFuture {
+            Box::pin(lane::run(Arc::clone(&shared), Arc::clone(&board), lane))
+        })
+        .collect();
     let mut lanes_running = poll_fn(move |cx| {
         lane_futures.retain_mut(|lane| lane.as_mut().poll(cx).is_pending());
         if lane_futures.is_empty() {
@@ -105,8 +96,17 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
             Poll::Pending
         }
     });
-    // Only lanes hold senders, so `done_rx` ends exactly when every lane has ended.
-    drop(done_tx);
+    // Finished work and lane room appear only while this task polls its lanes, which it
+    // does first on every pass; these need no waker either.
+    let finished = || {
+        poll_fn(|_| {
+            if board.has_done() {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+    };
     let mut timers: JoinSet<Done<Sub::Receipt>> = JoinSet::new();
     let (timers_tx, timers_rx) = watch::channel(Timers::Waiting);
     let mut pending: Option<(usize, Job<Sub::Receipt>)> = None;
@@ -129,10 +129,9 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
                 tracing::error!(registration = &*shared.registration, "the lanes ended unexpectedly");
                 break;
             }
-            Some(done) = done_rx.recv() => {
-                apply(&mut subscription, &shared, done, &mut timers, &timers_rx).await;
+            () = finished() => {
                 // Settle everything already finished before going round the loop again.
-                while let Ok(done) = done_rx.try_recv() {
+                while let Some(done) = board.pop_done() {
                     apply(&mut subscription, &shared, done, &mut timers, &timers_rx).await;
                 }
             }
@@ -142,15 +141,11 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
                 }
             }
             () = &mut stopped => break,
-            permit = lane_txs[lane].reserve(), if pending.is_some() => {
-                let Some((_, job)) = pending.take() else { continue };
-                match permit {
-                    Ok(permit) => permit.send(job),
-                    Err(_) => {
-                        shared.activity.end();
-                        tracing::error!(registration = &*shared.registration, "a lane ended unexpectedly");
-                        break;
-                    }
+            () = poll_fn(|_| if board.has_room(lane) { Poll::Ready(()) } else { Poll::Pending }), if pending.is_some() => {
+                if let Some((lane, job)) = pending.take()
+                    && let Some(job) = board.offer(lane, job)
+                {
+                    pending = Some((lane, job));
                 }
             }
             next = subscription.next(), if pending.is_none() => match next {
@@ -158,14 +153,8 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
                     shared.activity.begin();
                     let lane = pick_lane(&delivery, &lanes, &mut round_robin);
                     // A lane with room takes it at once; a full one is waited for above.
-                    match lane_txs[lane].try_send(Job { delivery, receipt }) {
-                        Ok(()) => {}
-                        Err(TrySendError::Full(job)) => pending = Some((lane, job)),
-                        Err(TrySendError::Closed(_)) => {
-                            shared.activity.end();
-                            tracing::error!(registration = &*shared.registration, "a lane ended unexpectedly");
-                            break;
-                        }
+                    if let Some(job) = board.offer(lane, Job { delivery, receipt }) {
+                        pending = Some((lane, job));
                     }
                 }
                 Some(Err(error)) => {
@@ -183,24 +172,23 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
     // Stop: fetch nothing more; let the lanes finish what they hold, within the deadline.
     let deadline = Instant::now() + drain_timeout;
     if let Some((lane, job)) = pending.take() {
-        // Fetched but not started: hand it to its lane rather than drop it.
-        if let Ok(Ok(permit)) = tokio::time::timeout_at(deadline, lane_txs[lane].reserve()).await {
-            permit.send(job);
-        } else {
-            shared.activity.end();
-        }
+        // Fetched but not started: it runs too rather than being dropped.
+        board.push(lane, job);
     }
-    drop(lane_txs);
+    board.close();
     let _ = timers_tx.send(Timers::Stopping);
     let mut lanes_open = true;
-    let mut lanes_polled = true;
-    while lanes_open || !timers.is_empty() {
+    loop {
+        while let Some(done) = board.pop_done() {
+            apply(&mut subscription, &shared, done, &mut timers, &timers_rx).await;
+        }
+        if !lanes_open && timers.is_empty() {
+            break;
+        }
         tokio::select! {
-            () = &mut lanes_running, if lanes_polled => lanes_polled = false,
-            done = done_rx.recv(), if lanes_open => match done {
-                Some(done) => apply(&mut subscription, &shared, done, &mut timers, &timers_rx).await,
-                None => lanes_open = false,
-            },
+            biased;
+            () = &mut lanes_running, if lanes_open => lanes_open = false,
+            () = finished() => {}
             Some(joined) = timers.join_next(), if !timers.is_empty() => {
                 if let Ok(done) = joined {
                     apply(&mut subscription, &shared, done, &mut timers, &timers_rx).await;

@@ -1,12 +1,12 @@
 //! A lane runs deliveries one at a time, in the order the driver hands them over.
 
+use std::future::poll_fn;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::pin;
 use std::sync::Arc;
+use std::task::Poll;
 
-use ruststream_core::{Delivery, HandlerOutcome, Plan, Settle, Verdict, plan};
-use tokio::sync::mpsc;
-
+use super::board::{Board, Take};
 use super::driver::{Done, Job, Shared};
 use super::unwind::{CatchUnwind, panic_message};
 use super::{Handled, copy};
@@ -14,18 +14,25 @@ use crate::extract::Incoming;
 use crate::handler::Completion;
 use crate::middleware::Service;
 use crate::registration::FailurePolicy;
+use ruststream_core::{Delivery, HandlerOutcome, Plan, Settle, Verdict, plan};
 
 pub(crate) async fn run<S: Service, R: Send + 'static>(
     shared: Arc<Shared<S>>,
-    mut jobs: mpsc::Receiver<Job<R>>,
-    done: mpsc::UnboundedSender<Done<R>>,
+    board: Arc<Board<R>>,
+    lane: usize,
 ) {
-    while let Some(job) = jobs.recv().await {
-        let finished = handle(&shared, job).await;
-        if done.send(finished).is_err() {
-            // The driver is gone (drain deadline passed); the broker gets it back.
+    loop {
+        // No waker: only the driver adds jobs, and it polls its lanes on every pass.
+        let next = poll_fn(|_| match board.take(lane) {
+            Take::Job(job) => Poll::Ready(Some(job)),
+            Take::Closed => Poll::Ready(None),
+            Take::Empty => Poll::Pending,
+        });
+        let Some(job) = next.await else {
             break;
-        }
+        };
+        let finished = handle(&shared, job).await;
+        board.finish(finished);
     }
 }
 

@@ -1,5 +1,6 @@
 //! Running registrations: one driver task per subscription, lanes, plan execution.
 
+mod board;
 mod copy;
 mod driver;
 mod lane;

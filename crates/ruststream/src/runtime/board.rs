@@ -1,0 +1,96 @@
+//! Where the driver and its lanes pass work: one queue per lane, one queue of finished
+//! work. Lanes are futures polled by the driver task itself, so nothing here needs a
+//! waker: a job only ever arrives while the driver runs, and the driver polls its lanes
+//! on every pass of its loop. (Two tokio channels did this before, at about a thousand
+//! instructions per delivery each.)
+
+use std::collections::VecDeque;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use super::driver::{Done, Job};
+
+/// Deliveries a lane holds beyond the one it runs: small, so a slow handler holds back
+/// fetching instead of growing memory.
+pub(crate) const LANE_QUEUE: usize = 1;
+
+pub(crate) struct Board<R> {
+    inner: Mutex<Inner<R>>,
+}
+
+struct Inner<R> {
+    queues: Vec<VecDeque<Job<R>>>,
+    done: VecDeque<Done<R>>,
+    closed: bool,
+}
+
+/// What a lane finds on its queue.
+pub(crate) enum Take<R> {
+    Job(Job<R>),
+    Empty,
+    Closed,
+}
+
+impl<R> Board<R> {
+    pub(crate) fn new(lanes: usize) -> Self {
+        Self {
+            inner: Mutex::new(Inner {
+                queues: (0..lanes)
+                    .map(|_| VecDeque::with_capacity(LANE_QUEUE + 1))
+                    .collect(),
+                done: VecDeque::with_capacity(lanes * (LANE_QUEUE + 1)),
+                closed: false,
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner<R>> {
+        // Every update is a single push or pop: a poisoned lock is still consistent.
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn has_room(&self, lane: usize) -> bool {
+        self.lock().queues[lane].len() < LANE_QUEUE
+    }
+
+    /// Queues `job` on `lane` when it has room; hands it back when not.
+    pub(crate) fn offer(&self, lane: usize, job: Job<R>) -> Option<Job<R>> {
+        let mut inner = self.lock();
+        if inner.queues[lane].len() < LANE_QUEUE {
+            inner.queues[lane].push_back(job);
+            None
+        } else {
+            Some(job)
+        }
+    }
+
+    /// Queues `job` whatever the room (a fetched delivery at stop, so it still runs).
+    pub(crate) fn push(&self, lane: usize, job: Job<R>) {
+        self.lock().queues[lane].push_back(job);
+    }
+
+    pub(crate) fn take(&self, lane: usize) -> Take<R> {
+        let mut inner = self.lock();
+        match inner.queues[lane].pop_front() {
+            Some(job) => Take::Job(job),
+            None if inner.closed => Take::Closed,
+            None => Take::Empty,
+        }
+    }
+
+    pub(crate) fn finish(&self, done: Done<R>) {
+        self.lock().done.push_back(done);
+    }
+
+    pub(crate) fn pop_done(&self) -> Option<Done<R>> {
+        self.lock().done.pop_front()
+    }
+
+    pub(crate) fn has_done(&self) -> bool {
+        !self.lock().done.is_empty()
+    }
+
+    /// No more jobs: lanes end once their queues are empty.
+    pub(crate) fn close(&self) {
+        self.lock().closed = true;
+    }
+}
