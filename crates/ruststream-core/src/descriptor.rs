@@ -63,6 +63,12 @@ pub trait Subscription: Send + 'static {
         settle: Settle,
     ) -> impl Future<Output = Result<(), AckError>> + Send;
 
+    /// The delivery waits, unsettled, for its delayed retry copy (a runtime timer): it is
+    /// not running any more (Kafka's transactional windows need not wait for it).
+    fn parked(&mut self, receipt: &Self::Receipt) {
+        let _ = receipt;
+    }
+
     /// Stops fetching and closes the consumer. Deliveries not settled by now come back
     /// as the broker's rules say.
     fn close(self) -> impl Future<Output = ()> + Send;

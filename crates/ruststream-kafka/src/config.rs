@@ -17,6 +17,13 @@ pub enum Commit {
     /// position never passes a record still running (K3). `retry()` delivers the record
     /// again ahead of what is fetched next (K4).
     Tracked,
+    /// The consumer commits nothing itself: the subscription's [`EosPipeline`] commits its
+    /// settled positions together with the records its handlers produced, one window per
+    /// `commit_interval` (K6). `retry()` aborts the open window, which is read again.
+    /// Needs `.pipeline(..)` on the descriptor.
+    ///
+    /// [`EosPipeline`]: crate::EosPipeline
+    Transactional,
 }
 
 /// Auto: nothing to send for ack and drop, no way back for a retry.
@@ -44,13 +51,26 @@ pub const TRACKED_CAPABILITIES: Capabilities = Capabilities {
     redeliver_in_place: true,
 };
 
+/// Transactional: settles like Tracked; `retry()` (a `Redeliver`) aborts the open window
+/// instead of running the record again in place.
+pub const TRANSACTIONAL_CAPABILITIES: Capabilities = Capabilities {
+    redeliver_in_place: false,
+    ..TRACKED_CAPABILITIES
+};
+
 impl Commit {
     /// What the mode can do.
     pub const fn capabilities(self) -> Capabilities {
         match self {
             Commit::Auto => AUTO_CAPABILITIES,
             Commit::Tracked => TRACKED_CAPABILITIES,
+            Commit::Transactional => TRANSACTIONAL_CAPABILITIES,
         }
+    }
+
+    /// Whether the subscription tracks offsets (Tracked and Transactional).
+    pub(crate) const fn tracks(self) -> bool {
+        !matches!(self, Commit::Auto)
     }
 }
 
@@ -74,18 +94,24 @@ impl Settings {
     /// Settings that contradict the mode, one sentence each.
     pub(crate) fn contradictions(&self, commit: Commit) -> Vec<String> {
         let mut broken = Vec::new();
-        if self.is("enable.auto.commit", "false") {
+        if commit == Commit::Transactional && self.is("enable.auto.commit", "true") {
+            broken.push(
+                "Commit::Transactional commits offsets in the pipeline's transactions; \
+                 enable.auto.commit=true would commit them outside"
+                    .to_owned(),
+            );
+        }
+        if commit != Commit::Transactional && self.is("enable.auto.commit", "false") {
             broken.push(format!(
                 "Commit::{commit:?} commits through librdkafka's auto-commit timer; \
                  enable.auto.commit=false contradicts it"
             ));
         }
-        if commit == Commit::Tracked && self.is("enable.auto.offset.store", "true") {
-            broken.push(
-                "Commit::Tracked stores offsets itself once records settle; \
+        if commit.tracks() && self.is("enable.auto.offset.store", "true") {
+            broken.push(format!(
+                "Commit::{commit:?} stores offsets itself once records settle; \
                  enable.auto.offset.store=true would store them on fetch"
-                    .to_owned(),
-            );
+            ));
         }
         if self.values.contains_key("group.id") {
             broken.push("set the group with .group(..), not the group.id setting".to_owned());

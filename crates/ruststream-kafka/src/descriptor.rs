@@ -11,7 +11,9 @@ use ruststream_core::{Capabilities, Declaration, Descriptor, Publish, SubscribeE
 use crate::Kafka;
 use crate::config::{Commit, Settings};
 use crate::context::{Moves, TrackingContext};
+use crate::eos::EosPipeline;
 use crate::subscription::KafkaSubscription;
+use crate::window::Window;
 
 /// How long closing a consumer may take before it is left behind.
 pub const DEFAULT_CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -33,6 +35,7 @@ struct Source {
     commit: Commit,
     settings: Settings,
     close_timeout: Duration,
+    pipeline: Option<EosPipeline>,
 }
 
 impl Source {
@@ -45,6 +48,7 @@ impl Source {
             commit: Commit::Auto,
             settings: Settings::default(),
             close_timeout: DEFAULT_CLOSE_TIMEOUT,
+            pipeline: None,
         }
     }
 
@@ -52,6 +56,16 @@ impl Source {
         let mut broken = self.settings.contradictions(self.commit);
         if self.group.is_empty() {
             broken.push("a Kafka subscription needs a consumer group: .group(name)".to_owned());
+        }
+        match (self.commit, &self.pipeline) {
+            (Commit::Transactional, None) => broken.push(
+                "Commit::Transactional needs an EosPipeline: .pipeline(&pipeline)".to_owned(),
+            ),
+            (Commit::Auto | Commit::Tracked, Some(p)) => broken.push(format!(
+                "the EosPipeline `{}` only serves Commit::Transactional subscriptions",
+                p.id()
+            )),
+            _ => {}
         }
         match &self.selection {
             Selection::Topic(t) if t.is_empty() => {
@@ -71,7 +85,14 @@ impl Source {
         config
             .set("bootstrap.servers", self.kafka.brokers())
             .set("group.id", &self.group)
-            .set("enable.auto.commit", "true")
+            .set(
+                "enable.auto.commit",
+                if self.commit == Commit::Transactional {
+                    "false"
+                } else {
+                    "true"
+                },
+            )
             .set("auto.offset.reset", "earliest")
             .set("enable.partition.eof", "false")
             .set(
@@ -96,7 +117,13 @@ impl Source {
         config
     }
 
-    fn open(self) -> Result<KafkaSubscription, SubscribeError> {
+    async fn open(self) -> Result<KafkaSubscription, SubscribeError> {
+        let window = match &self.pipeline {
+            Some(pipeline) if self.commit == Commit::Transactional => {
+                Some(Window::start(pipeline.clone(), &self.address, self.close_timeout).await?)
+            }
+            _ => None,
+        };
         let fail = |e: rdkafka::error::KafkaError| SubscribeError::new(&self.address, e);
         let moves = Arc::new(Moves::default());
         let consumer: StreamConsumer<TrackingContext> = self
@@ -126,6 +153,7 @@ impl Source {
             self.commit,
             &self.address,
             self.close_timeout,
+            window,
         ))
     }
 }
@@ -158,6 +186,12 @@ macro_rules! descriptor {
                 self
             }
 
+            /// The pipeline a `Commit::Transactional` subscription commits through.
+            pub fn pipeline(mut self, pipeline: &EosPipeline) -> Self {
+                self.source.pipeline = Some(pipeline.clone());
+                self
+            }
+
             /// How long closing the consumer may take on stop (default 10 s).
             pub fn close_timeout(mut self, timeout: Duration) -> Self {
                 self.source.close_timeout = timeout;
@@ -186,11 +220,17 @@ macro_rules! descriptor {
             }
 
             fn publisher(&self) -> Arc<dyn Publish> {
-                Arc::new(self.source.kafka.publisher())
+                // Under Commit::Transactional handlers and copies produce in the window.
+                match &self.source.pipeline {
+                    Some(pipeline) if self.source.commit == Commit::Transactional => {
+                        Arc::new(pipeline.publisher())
+                    }
+                    _ => Arc::new(self.source.kafka.publisher()),
+                }
             }
 
             async fn open(self, _declaration: &Declaration) -> Result<KafkaSubscription, SubscribeError> {
-                self.source.open()
+                self.source.open().await
             }
         }
     };

@@ -38,15 +38,18 @@ mod close;
 mod config;
 mod context;
 mod descriptor;
+mod eos;
 mod publish;
 mod subscription;
 pub mod tracker;
+mod window;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-pub use config::{AUTO_CAPABILITIES, Commit, TRACKED_CAPABILITIES};
+pub use config::{AUTO_CAPABILITIES, Commit, TRACKED_CAPABILITIES, TRANSACTIONAL_CAPABILITIES};
 pub use descriptor::{DEFAULT_CLOSE_TIMEOUT, KafkaPartitions, KafkaTopic, KafkaTopics};
+pub use eos::{DEFAULT_COMMIT_INTERVAL, EosPipeline, EosPublisher, WindowReport};
 pub use publish::{DELIVERY_TIMEOUT, KafkaPublisher, Landed};
 pub use rdkafka;
 pub use rdkafka::Offset;

@@ -15,14 +15,15 @@ use crate::close::off_runtime;
 use crate::config::Commit;
 use crate::context::{Moves, TrackingContext};
 use crate::tracker::OffsetTracker;
+use crate::window::{Tick, Window};
 
 /// Where a delivery came from, and which assignment of its partition it belongs to.
 #[derive(Debug, Clone)]
 pub struct KafkaReceipt {
-    topic: Arc<str>,
-    partition: i32,
-    offset: i64,
-    generation: u64,
+    pub(crate) topic: Arc<str>,
+    pub(crate) partition: i32,
+    pub(crate) offset: i64,
+    pub(crate) generation: u64,
 }
 
 #[derive(Debug, Default)]
@@ -121,6 +122,7 @@ pub struct KafkaSubscription {
     topics: HashMap<String, Arc<str>>,
     address: Arc<str>,
     close_timeout: Duration,
+    window: Option<Window>,
 }
 
 impl std::fmt::Debug for KafkaSubscription {
@@ -139,6 +141,7 @@ impl KafkaSubscription {
         commit: Commit,
         address: &str,
         close_timeout: Duration,
+        window: Option<Window>,
     ) -> Self {
         Self {
             consumer: Some(Arc::new(consumer)),
@@ -147,6 +150,7 @@ impl KafkaSubscription {
             topics: HashMap::new(),
             address: Arc::from(address),
             close_timeout,
+            window,
         }
     }
 
@@ -191,7 +195,7 @@ impl KafkaSubscription {
         .with_attempt(attempt);
         let receipt = self
             .book
-            .delivered(topic, partition, offset, self.commit == Commit::Tracked);
+            .delivered(topic, partition, offset, self.commit.tracks());
         (delivery, receipt)
     }
 
@@ -206,17 +210,50 @@ impl Subscription for KafkaSubscription {
 
     async fn next(&mut self) -> Option<Result<(Delivery, KafkaReceipt), SubscribeError>> {
         let consumer = Arc::clone(self.consumer.as_ref()?);
-        let result = consumer.recv().await;
-        self.book.forget_moved_partitions();
-        match result {
-            Ok(message) => Some(Ok(self.delivery(&message))),
-            Err(e) => Some(Err(SubscribeError::new(&*self.address, e))),
+        loop {
+            self.book.forget_moved_partitions();
+            let due = match &mut self.window {
+                Some(window) => match window.tick(&consumer, &self.book.moves).await {
+                    Tick::Fetch(due) => Some(due),
+                    Tick::Fenced => return None,
+                },
+                None => None,
+            };
+            let result = match due {
+                None => consumer.recv().await,
+                Some(due) => tokio::select! {
+                    result = consumer.recv() => result,
+                    () = tokio::time::sleep_until(due) => continue,
+                },
+            };
+            self.book.forget_moved_partitions();
+            return match result {
+                Ok(message) => {
+                    let (delivery, receipt) = self.delivery(&message);
+                    if let Some(window) = &mut self.window {
+                        window.handed_out(&receipt);
+                    }
+                    Some(Ok((delivery, receipt)))
+                }
+                Err(e) => Some(Err(SubscribeError::new(&*self.address, e))),
+            };
         }
     }
 
     async fn settle(&mut self, receipt: KafkaReceipt, settle: Settle) -> Result<(), AckError> {
         match (self.commit, settle) {
-            (_, Settle::Nothing) | (Commit::Auto, _) => Ok(()),
+            (Commit::Auto, _) => Ok(()),
+            (Commit::Transactional, _) => {
+                let position = match settle {
+                    Settle::Ack | Settle::Drop => self.book.settled(&receipt),
+                    _ => None,
+                };
+                if let Some(window) = &mut self.window {
+                    window.settled(&receipt, settle, position);
+                }
+                Ok(())
+            }
+            (Commit::Tracked, Settle::Nothing) => Ok(()),
             (Commit::Tracked, Settle::Ack | Settle::Drop) => {
                 // Nothing to store when the position did not move, or when the delivery
                 // was read before its partition moved: the partition's next reader
@@ -243,7 +280,18 @@ impl Subscription for KafkaSubscription {
         }
     }
 
+    fn parked(&mut self, receipt: &KafkaReceipt) {
+        if let Some(window) = &mut self.window {
+            window.parked(receipt);
+        }
+    }
+
     async fn close(mut self) {
+        if let (Some(window), Some(consumer)) = (self.window.take(), self.consumer.as_ref()) {
+            window
+                .finish(consumer, &self.book.moves, self.close_timeout)
+                .await;
+        }
         let Some(consumer) = self.consumer.take() else {
             return;
         };

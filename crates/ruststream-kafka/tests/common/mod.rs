@@ -169,12 +169,29 @@ pub async fn read_topic(
     count: usize,
     limit: Duration,
 ) -> Vec<Record> {
+    read(topic, partitions, count, limit, "read_uncommitted").await
+}
+
+/// Like [`read_topic`] on one partition, honouring transaction markers.
+pub async fn read_committed(topic: &str, count: usize, limit: Duration) -> Vec<Record> {
+    // Ask for one more than expected, to see that no extra record follows.
+    read(topic, 1, count + 1, limit, "read_committed").await
+}
+
+async fn read(
+    topic: &str,
+    partitions: i32,
+    count: usize,
+    limit: Duration,
+    isolation: &'static str,
+) -> Vec<Record> {
     let (brokers, topic) = (brokers(), topic.to_owned());
     blocking(move || {
         let consumer: BaseConsumer = ClientConfig::new()
             .set("bootstrap.servers", &brokers)
             .set("group.id", unique("reader"))
             .set("enable.auto.commit", "false")
+            .set("isolation.level", isolation)
             .create()
             .expect("consumer");
         let mut list = TopicPartitionList::new();

@@ -250,6 +250,7 @@ async fn apply<Sub: Subscription, S: Service>(
             copy,
             settle,
         } => {
+            subscription.parked(&receipt);
             let shared = Arc::clone(shared);
             let mut mode = timers_rx.clone();
             timers.spawn(async move {

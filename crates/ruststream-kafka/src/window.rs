@@ -1,0 +1,313 @@
+//! The open window of a `Commit::Transactional` subscription: what it will commit, the
+//! barrier before closing it, and the commit or abort itself (off the async runtime).
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::producer::{FutureProducer, Producer};
+use rdkafka::{Offset, TopicPartitionList};
+use ruststream_core::{Settle, SubscribeError};
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use crate::close::off_runtime;
+use crate::context::{Moves, TrackingContext};
+use crate::eos::{EosPipeline, Pipeline, TRANSACTION_TIMEOUT, WindowOffsets, fenced};
+use crate::subscription::KafkaReceipt;
+
+type Consumer_ = Arc<StreamConsumer<TrackingContext>>;
+
+/// How a close ended, as the closing thread reports it.
+enum Closed {
+    Committed(Vec<(String, i32, i64)>),
+    Aborted,
+    Fenced(String),
+}
+
+/// What the subscription does next.
+pub(crate) enum Tick {
+    /// Fetch, but come back by this instant (the window is due then).
+    Fetch(Instant),
+    /// The pipeline was fenced: the subscription ends.
+    Fenced,
+}
+
+pub(crate) struct Window {
+    pipeline: Arc<Pipeline>,
+    producer: Arc<FutureProducer>,
+    address: String,
+    began: Instant,
+    offsets: WindowOffsets,
+    in_flight: usize,
+    parked: HashSet<(Arc<str>, i32, i64, u64)>,
+    doomed: bool,
+    epoch: u64,
+    read: HashSet<(Arc<str>, i32)>,
+    closing: Option<oneshot::Receiver<Closed>>,
+    fenced: bool,
+}
+
+impl Window {
+    /// Starts the pipeline's producer (fencing older ones with its id) and opens the
+    /// first window.
+    pub(crate) async fn start(
+        pipeline: EosPipeline,
+        address: &str,
+        deadline: Duration,
+    ) -> Result<Self, SubscribeError> {
+        let shared = Arc::clone(&pipeline.shared);
+        if shared.attached.swap(true, Ordering::AcqRel) {
+            return Err(SubscribeError::new(
+                address,
+                format!(
+                    "the EosPipeline `{}` already serves another subscription",
+                    shared.id
+                ),
+            ));
+        }
+        let starting = Arc::clone(&shared);
+        let producer = off_runtime(
+            "start the transactional producer",
+            deadline.max(TRANSACTION_TIMEOUT),
+            move || starting.start(),
+        )
+        .await
+        .ok_or_else(|| {
+            SubscribeError::new(address, "the transactional producer did not start in time")
+        })?
+        .map_err(|e| SubscribeError::new(address, format!("EosPipeline `{}`: {e}", shared.id)))?;
+        Ok(Self {
+            pipeline: shared,
+            producer,
+            address: address.to_owned(),
+            began: Instant::now(),
+            offsets: WindowOffsets::new(),
+            in_flight: 0,
+            parked: HashSet::new(),
+            doomed: false,
+            epoch: 0,
+            read: HashSet::new(),
+            closing: None,
+            fenced: false,
+        })
+    }
+
+    pub(crate) fn handed_out(&mut self, receipt: &KafkaReceipt) {
+        self.in_flight += 1;
+        self.read
+            .insert((Arc::clone(&receipt.topic), receipt.partition));
+    }
+
+    pub(crate) fn parked(&mut self, receipt: &KafkaReceipt) {
+        if self.parked.insert(key(receipt)) {
+            self.in_flight = self.in_flight.saturating_sub(1);
+        }
+    }
+
+    /// A settlement: `position` is the partition's new stored position, if it moved.
+    pub(crate) fn settled(
+        &mut self,
+        receipt: &KafkaReceipt,
+        settle: Settle,
+        position: Option<i64>,
+    ) {
+        if !self.parked.remove(&key(receipt)) {
+            self.in_flight = self.in_flight.saturating_sub(1);
+        }
+        if settle == Settle::Redeliver {
+            // K6: retry() makes the open window unable to commit.
+            self.doomed = true;
+        }
+        if let Some(position) = position {
+            self.offsets.insert(
+                (Arc::clone(&receipt.topic), receipt.partition),
+                position + 1,
+            );
+        }
+    }
+
+    fn must_abort(&mut self, moves: &Moves) -> bool {
+        if moves.epoch() != self.epoch && self.read.is_empty() {
+            // Partitions moved, but this window read nothing from them: nothing to undo.
+            self.epoch = moves.epoch();
+        }
+        self.doomed || self.pipeline.doomed.load(Ordering::Acquire) || moves.epoch() != self.epoch
+    }
+
+    /// Closes the window when it is due (or doomed) once nothing handed out is running,
+    /// and says when to come back otherwise. Cancel safe: a close in progress is kept.
+    pub(crate) async fn tick(&mut self, consumer: &Consumer_, moves: &Moves) -> Tick {
+        loop {
+            if self.fenced {
+                return Tick::Fenced;
+            }
+            if let Some(closing) = &mut self.closing {
+                let closed = closing.await.unwrap_or(Closed::Aborted);
+                self.closing = None;
+                self.closed(closed, moves);
+                continue;
+            }
+            let abort = self.must_abort(moves);
+            let due = Instant::now() >= self.began + self.pipeline.interval();
+            let dirty =
+                !self.offsets.is_empty() || self.pipeline.records.load(Ordering::Acquire) > 0;
+            if !(abort || (due && dirty)) {
+                if due {
+                    self.began = Instant::now();
+                }
+                return Tick::Fetch(self.began + self.pipeline.interval());
+            }
+            if self.in_flight > 0 {
+                // The barrier: hand out nothing until every running record settled.
+                std::future::pending::<()>().await;
+            }
+            self.closing = Some(self.close(consumer, abort).await);
+        }
+    }
+
+    async fn close(&mut self, consumer: &Consumer_, abort: bool) -> oneshot::Receiver<Closed> {
+        // Parked copies may be publishing; wait for them, and keep others out meanwhile.
+        let gate = Arc::clone(&self.pipeline.gate).write_owned().await;
+        let producer = Arc::clone(&self.producer);
+        let consumer = Arc::clone(consumer);
+        let offsets: Vec<(String, i32, i64)> = self
+            .offsets
+            .iter()
+            .map(|((t, p), o)| (t.to_string(), *p, *o))
+            .collect();
+        let read: Vec<(String, i32)> = self.read.iter().map(|(t, p)| (t.to_string(), *p)).collect();
+        let (tx, rx) = oneshot::channel();
+        let id = self.pipeline.id.clone();
+        std::thread::spawn(move || {
+            let closed = if abort {
+                abort_and_rewind(&producer, &consumer, &read)
+            } else {
+                match commit(&producer, &consumer, &offsets) {
+                    Ok(()) => Closed::Committed(offsets),
+                    Err(e) if fenced(&e) => Closed::Fenced(e.to_string()),
+                    Err(e) => {
+                        tracing::warn!(pipeline = %id, error = %e, "commit failed; aborting the window");
+                        abort_and_rewind(&producer, &consumer, &read)
+                    }
+                }
+            };
+            drop(gate);
+            let _ = tx.send(closed);
+        });
+        rx
+    }
+
+    fn closed(&mut self, closed: Closed, moves: &Moves) {
+        match closed {
+            Closed::Committed(offsets) => {
+                self.pipeline.report(true, offsets);
+            }
+            Closed::Aborted => {
+                // Everything read in the window is read again: drop what was tracked.
+                moves.moved(self.read.iter().map(|(t, p)| (t.to_string(), *p)));
+                tracing::info!(address = %self.address, pipeline = %self.pipeline.id, "window aborted; reading it again");
+                self.pipeline.report(false, Vec::new());
+            }
+            Closed::Fenced(error) => {
+                tracing::error!(
+                    address = %self.address,
+                    pipeline = %self.pipeline.id,
+                    %error,
+                    "another EosPipeline with this transactional id took over; stopping this subscription"
+                );
+                self.fenced = true;
+            }
+        }
+        self.offsets.clear();
+        self.read.clear();
+        self.doomed = false;
+        self.pipeline.doomed.store(false, Ordering::Release);
+        self.epoch = moves.epoch();
+        self.began = Instant::now();
+    }
+
+    /// On stop: commit what settled, or abort when something still runs or the window is
+    /// doomed.
+    pub(crate) async fn finish(mut self, consumer: &Consumer_, moves: &Moves, deadline: Duration) {
+        if let Some(closing) = self.closing.take() {
+            if let Ok(Ok(closed)) = tokio::time::timeout(deadline, closing).await {
+                self.closed(closed, moves);
+            }
+        }
+        if self.fenced {
+            return;
+        }
+        let abort = self.in_flight > 0 || self.must_abort(moves);
+        let rx = self.close(consumer, abort).await;
+        if let Ok(Ok(closed)) = tokio::time::timeout(deadline, rx).await {
+            self.closed(closed, moves);
+        }
+    }
+}
+
+fn key(receipt: &KafkaReceipt) -> (Arc<str>, i32, i64, u64) {
+    (
+        Arc::clone(&receipt.topic),
+        receipt.partition,
+        receipt.offset,
+        receipt.generation,
+    )
+}
+
+fn commit(
+    producer: &FutureProducer,
+    consumer: &Consumer_,
+    offsets: &[(String, i32, i64)],
+) -> rdkafka::error::KafkaResult<()> {
+    if !offsets.is_empty() {
+        let mut list = TopicPartitionList::new();
+        for (topic, partition, offset) in offsets {
+            list.add_partition_offset(topic, *partition, Offset::Offset(*offset))?;
+        }
+        // Without group metadata (no group) the offsets cannot join the transaction.
+        let group = consumer
+            .group_metadata()
+            .ok_or(rdkafka::error::KafkaError::ConsumerCommit(
+                rdkafka::types::RDKafkaErrorCode::InvalidGroupId,
+            ))?;
+        producer.send_offsets_to_transaction(&list, &group, TRANSACTION_TIMEOUT)?;
+    }
+    producer.commit_transaction(TRANSACTION_TIMEOUT)?;
+    producer.begin_transaction()
+}
+
+fn abort_and_rewind(
+    producer: &FutureProducer,
+    consumer: &Consumer_,
+    read: &[(String, i32)],
+) -> Closed {
+    if let Err(e) = producer.abort_transaction(TRANSACTION_TIMEOUT) {
+        if fenced(&e) {
+            return Closed::Fenced(e.to_string());
+        }
+        tracing::warn!(error = %e, "abort_transaction failed");
+    }
+    let mut list = TopicPartitionList::new();
+    for (topic, partition) in read {
+        list.add_partition(topic, *partition);
+    }
+    let committed = consumer.committed_offsets(list, TRANSACTION_TIMEOUT).ok();
+    for (topic, partition) in read {
+        let offset = committed
+            .as_ref()
+            .and_then(|c| c.find_partition(topic, *partition))
+            .map(|e| e.offset())
+            .filter(|o| matches!(o, Offset::Offset(_)))
+            .unwrap_or(Offset::Beginning);
+        if let Err(e) = consumer.seek(topic, *partition, offset, TRANSACTION_TIMEOUT) {
+            tracing::warn!(topic, partition, error = %e, "rewinding after an abort failed");
+        }
+    }
+    match producer.begin_transaction() {
+        Ok(()) => Closed::Aborted,
+        Err(e) => Closed::Fenced(e.to_string()),
+    }
+}
