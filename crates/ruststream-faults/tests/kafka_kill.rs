@@ -29,13 +29,20 @@ fn unique(prefix: &str) -> String {
 }
 
 async fn create_topic(topic: &str) {
+    create_topics(&[topic]).await;
+}
+
+async fn create_topics(topics: &[&str]) {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", brokers())
         .create()
         .expect("admin");
     for r in admin
         .create_topics(
-            &[NewTopic::new(topic, 1, TopicReplication::Fixed(1))],
+            &topics
+                .iter()
+                .map(|t| NewTopic::new(t, 1, TopicReplication::Fixed(1)))
+                .collect::<Vec<_>>(),
             &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
         )
         .await
@@ -72,8 +79,15 @@ async fn committed(group: &str, topic: &str) -> Option<i64> {
 }
 
 fn service(topic: &str, group: &str, mode: &str) -> (Child, Lines<BufReader<ChildStdout>>) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kafka-service"))
-        .args([&brokers(), topic, group, mode])
+    spawn(
+        env!("CARGO_BIN_EXE_kafka-service"),
+        &[&brokers(), topic, group, mode],
+    )
+}
+
+fn spawn(program: &str, args: &[&str]) -> (Child, Lines<BufReader<ChildStdout>>) {
+    let mut child = Command::new(program)
+        .args(args)
         .stdout(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
@@ -125,6 +139,70 @@ async fn k7_sigkill_during_a_tracked_retry_after_wait_loses_nothing() {
         assert!(
             Instant::now() < deadline,
             "the record was not committed after it was handled"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    second.kill().await.expect("stopped");
+}
+
+/// Kills an exactly-once service after it produced its outputs and before its window
+/// committed: the window's offsets never moved, and after the restart every input is
+/// handled again and committed once. (That the killed window's outputs are hidden from
+/// read_committed consumers cannot be observed on tansu; see the Kafka crate's eos tests.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn k6_sigkill_before_the_window_commits_replays_it_and_the_offsets_match() {
+    let (input, output, group, id) = (
+        unique("eos-kill-in"),
+        unique("eos-kill-out"),
+        unique("g"),
+        unique("tx"),
+    );
+    create_topics(&[&input, &output]).await;
+    let kafka = Kafka::connect(&brokers()).expect("client");
+    for i in 0..3 {
+        kafka
+            .publisher()
+            .send(
+                &input,
+                None,
+                &Headers::new(),
+                format!("in-{i}").as_bytes(),
+                None,
+            )
+            .await
+            .expect("produced");
+    }
+    let program = env!("CARGO_BIN_EXE_kafka-eos-service");
+    // A window of a minute: the kill comes before it can commit.
+    let (mut first, mut lines) = spawn(
+        program,
+        &[&brokers(), &input, &output, &group, &id, "60000"],
+    );
+    // (A rebalance right after the group forms may abort and replay the first window.)
+    let all = ["handled in-0", "handled in-1", "handled in-2"];
+    let mut handled = std::collections::BTreeSet::new();
+    while !all.iter().all(|l| handled.contains(*l)) {
+        handled.insert(next_line(&mut lines).await);
+    }
+    first.kill().await.expect("SIGKILL");
+    assert_eq!(
+        committed(&group, &input).await,
+        None,
+        "the killed window committed nothing"
+    );
+
+    let (mut second, mut lines) =
+        spawn(program, &[&brokers(), &input, &output, &group, &id, "100"]);
+    let mut again = std::collections::BTreeSet::new();
+    while !all.iter().all(|l| again.contains(*l)) {
+        again.insert(next_line(&mut lines).await);
+    }
+    assert_eq!(again, handled, "the window is read again after the restart");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while committed(&group, &input).await != Some(3) {
+        assert!(
+            Instant::now() < deadline,
+            "the replayed window did not commit"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

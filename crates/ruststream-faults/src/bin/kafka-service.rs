@@ -12,6 +12,10 @@ use ruststream_kafka::{Commit, Kafka};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    tracing_subscriber::fmt()
+        .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
     let args: Vec<String> = std::env::args().collect();
     let [_, brokers, topic, group, mode] = args.as_slice() else {
         return Err("usage: kafka-service <brokers> <topic> <group> <hold|ack>".into());
