@@ -148,7 +148,11 @@ async fn k6_outputs_and_input_offsets_advance_together() {
         .collect();
     seen.sort();
     if aborted == 0 {
-        assert_eq!(seen.len(), 30, "no window aborted, so no output was produced twice");
+        assert_eq!(
+            seen.len(),
+            30,
+            "no window aborted, so no output was produced twice"
+        );
     }
     seen.dedup();
     let mut expected: Vec<String> = (0..30).map(|i| format!("out-{i}")).collect();

@@ -1,0 +1,131 @@
+//! Consume, transform, produce, exactly once: orders in, invoices out, through an
+//! `EosPipeline`. Each window's invoices and the orders' offsets commit in one Kafka
+//! transaction; a `read_committed` consumer sees both or neither.
+//!
+//! Needs a Kafka-API broker: `RUSTSTREAM_KAFKA_BROKERS` (default `127.0.0.1:9092`).
+//! Run it with `cargo run -p ruststream-kafka --example kafka_eos`.
+
+use std::time::Duration;
+
+use ruststream::{App, HandlerOutcome, Headers, Message, Publisher, on};
+use ruststream_kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use ruststream_kafka::rdkafka::client::DefaultClientContext;
+use ruststream_kafka::rdkafka::config::ClientConfig;
+use ruststream_kafka::{Commit, EosPipeline, Kafka};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Order {
+    id: u64,
+    cents: u64,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Invoice {
+    order: u64,
+    total_cents: u64,
+}
+
+/// Publishes through the pipeline (the registration's publisher), then acks: the invoice
+/// and the order's offset commit together. An order that cannot be invoiced aborts the
+/// window with `retry()`, and the window is read again.
+async fn invoice(Message(order): Message<Order>, publisher: Publisher) -> HandlerOutcome {
+    let invoice = Invoice {
+        order: order.id,
+        total_cents: order.cents + order.cents / 5,
+    };
+    let invoices = INVOICES.get().map(String::as_str).unwrap_or("invoices");
+    match publisher
+        .to(invoices)
+        .key(order.id.to_string())
+        .send(&invoice)
+        .await
+    {
+        Ok(()) => HandlerOutcome::ack(),
+        Err(_) => HandlerOutcome::retry(),
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let brokers =
+        std::env::var("RUSTSTREAM_KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into());
+    let suffix = std::process::id();
+    let (orders, invoices) = (
+        format!("eos-orders-{suffix}"),
+        format!("eos-invoices-{suffix}"),
+    );
+    INVOICES.set(invoices.clone()).ok();
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", &brokers)
+        .create()?;
+    for result in admin
+        .create_topics(
+            &[
+                NewTopic::new(&orders, 1, TopicReplication::Fixed(1)),
+                NewTopic::new(&invoices, 1, TopicReplication::Fixed(1)),
+            ],
+            &AdminOptions::new(),
+        )
+        .await?
+    {
+        result.map_err(|(topic, e)| format!("creating {topic}: {e}"))?;
+    }
+
+    let kafka = Kafka::connect(&brokers)?;
+    let pipeline = EosPipeline::new(&kafka, format!("invoicing-{suffix}"))
+        .commit_interval(Duration::from_millis(100));
+    let mut reports = pipeline.reports();
+    let group = format!("invoicing-{suffix}");
+    let running = App::new()
+        .register(on(
+            kafka
+                .topic(&orders)
+                .group(&group)
+                .commit(Commit::Transactional)
+                .pipeline(&pipeline)
+                .set("session.timeout.ms", "6000")
+                .set("heartbeat.interval.ms", "500"),
+            invoice,
+        ))
+        .start()
+        .await?;
+    for id in 1..=5 {
+        let order = serde_json::to_vec(&Order {
+            id,
+            cents: id * 1000,
+        })?;
+        kafka
+            .publisher()
+            .send(&orders, None, &Headers::new(), &order, None)
+            .await?;
+    }
+    // Wait for a committed window that covers all five orders.
+    loop {
+        tokio::time::timeout(Duration::from_secs(60), reports.changed()).await??;
+        let Some(report) = reports.borrow_and_update().clone() else {
+            continue;
+        };
+        println!(
+            "window {}: {} with {} invoice(s), offsets {:?}",
+            report.number,
+            if report.committed {
+                "committed"
+            } else {
+                "aborted"
+            },
+            report.records,
+            report.offsets
+        );
+        if report.committed && report.offsets.iter().any(|(_, _, next)| *next == 5) {
+            break;
+        }
+    }
+    running.stop().await;
+    std::mem::forget(admin);
+    println!("stopped cleanly");
+    Ok(())
+}
+
+/// Where invoices go (a demo shortcut; a service would take it as `State`).
+static INVOICES: std::sync::OnceLock<String> = std::sync::OnceLock::new();
