@@ -432,3 +432,61 @@ async fn k6_read_committed_sees_each_output_exactly_once() {
     expected.sort();
     assert_eq!(payloads, expected, "each input's output exactly once");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn k6_a_failed_produce_aborts_the_window_even_if_the_handler_acks() {
+    let kafka = kafka().await;
+    let (input, output, group) = (unique("eos-fail-in"), unique("eos-fail-out"), unique("g"));
+    create_topic(&input, 1).await;
+    create_topic(&output, 1).await;
+    let pipeline =
+        EosPipeline::new(&kafka, unique("tx")).commit_interval(Duration::from_millis(200));
+    let reports = collect(&pipeline);
+    let failed_once = Arc::new(Mutex::new(false));
+    let handler = {
+        let (output, failed_once) = (output.clone(), Arc::clone(&failed_once));
+        move |_d: Delivery, publisher: Publisher| {
+            let (output, failed_once) = (output.clone(), Arc::clone(&failed_once));
+            async move {
+                let first = !std::mem::replace(&mut *failed_once.lock().unwrap(), true);
+                // An illegal topic name: the broker refuses the record. The handler
+                // ignores the error and acks, yet the window must not commit.
+                let topic = if first {
+                    "illegal topic name!"
+                } else {
+                    output.as_str()
+                };
+                let _ = publisher.to(topic).send_bytes("x").await;
+                HandlerOutcome::ack()
+            }
+        }
+    };
+    let app = start(App::new().register(on(
+        transactional(&kafka, &input, &group, &pipeline),
+        handler,
+    )))
+    .await;
+    for i in 0..3 {
+        produce(
+            &kafka,
+            &input,
+            None,
+            i.to_string().as_bytes(),
+            &Headers::new(),
+        )
+        .await;
+    }
+    committed_becomes(&group, &input, 0, 3, Duration::from_secs(60)).await;
+    app.stop().await;
+    let reports = reports.lock().unwrap().clone();
+    let first_abort = reports
+        .iter()
+        .position(|(r, _)| !r.committed)
+        .expect("the window with the failed produce aborted");
+    assert!(
+        reports[first_abort + 1..]
+            .iter()
+            .any(|(r, _)| r.committed && r.offsets.iter().any(|(_, _, o)| *o == 3)),
+        "the replayed records committed in a later window: {reports:?}"
+    );
+}
