@@ -1,0 +1,179 @@
+//! The Pulsar descriptor: topics, a subscription name and type, an ack timeout.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use pulsar::consumer::{ConsumerOptions, DeadLetterPolicy};
+use ruststream_core::{
+    Capabilities, DeadLetters, Declaration, DelayedRedelivery, Descriptor, Publish, SubscribeError,
+    Verb,
+};
+
+use crate::subscription::PulsarSubscription;
+use crate::{Pulsar, SubType};
+
+/// Topics read through one subscription of a given type.
+#[derive(Clone)]
+pub struct PulsarTopic {
+    pulsar: Pulsar,
+    topics: Vec<String>,
+    address: String,
+    subscription: String,
+    sub_type: SubType,
+    ack_timeout: Option<Duration>,
+    longest_delay: Option<Duration>,
+    options: ConsumerOptions,
+}
+
+impl std::fmt::Debug for PulsarTopic {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PulsarTopic")
+            .field("topics", &self.topics)
+            .field("subscription", &self.subscription)
+            .field("sub_type", &self.sub_type)
+            .finish()
+    }
+}
+
+impl PulsarTopic {
+    pub(crate) fn new(pulsar: Pulsar, topics: Vec<String>) -> Self {
+        Self {
+            pulsar,
+            address: topics.join(","),
+            topics,
+            subscription: String::new(),
+            sub_type: SubType::Shared,
+            ack_timeout: None,
+            longest_delay: None,
+            options: ConsumerOptions::default(),
+        }
+    }
+
+    /// The subscription name (required).
+    pub fn subscription(mut self, name: impl Into<String>) -> Self {
+        self.subscription = name.into();
+        self
+    }
+
+    /// The subscription type (default Shared).
+    pub fn subscription_type(mut self, sub_type: SubType) -> Self {
+        self.sub_type = sub_type;
+        self
+    }
+
+    /// The client's ack timeout: an unsettled delivery comes back after it. Without one a
+    /// delivery comes back only when the consumer disconnects.
+    pub fn ack_timeout(mut self, timeout: Duration) -> Self {
+        self.ack_timeout = Some(timeout);
+        self
+    }
+
+    /// The longest `retry_after` the handler returns: checked against the ack timeout at
+    /// startup (SPEC P2).
+    pub fn longest_delay(mut self, delay: Duration) -> Self {
+        self.longest_delay = Some(delay);
+        self
+    }
+
+    /// Consumer options passed to the client.
+    pub fn options(mut self, options: ConsumerOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    fn counts(&self) -> bool {
+        matches!(self.sub_type, SubType::Shared | SubType::KeyShared)
+    }
+}
+
+impl Descriptor for PulsarTopic {
+    type Subscription = PulsarSubscription;
+
+    fn address(&self) -> &str {
+        &self.address
+    }
+
+    fn retry_address(&self) -> Option<&str> {
+        // Never needed: the broker redelivers the same message; nothing is copied.
+        None
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            ack: Verb::Native,
+            drop: Verb::AsAck,
+            redeliver: Verb::Native,
+            delayed_redelivery: DelayedRedelivery::Held {
+                limit: self.ack_timeout,
+            },
+            native_count: self.counts(),
+            dead_letters: DeadLetters::Broker,
+            holds_original: true,
+            redeliver_in_place: false,
+        }
+    }
+
+    fn check(&self, declaration: &Declaration) -> Vec<String> {
+        let mut broken = Vec::new();
+        if self.subscription.is_empty() {
+            broken.push("a Pulsar subscription needs a name: .subscription(name)".to_owned());
+        }
+        match (declaration.max_attempts, &declaration.dead_letter) {
+            (Some(_), None) => broken.push(
+                "max_attempts without a dead letter: on Pulsar the two form the client's dead-letter policy and go together"
+                    .to_owned(),
+            ),
+            (None, Some(_)) => broken.push(
+                "a dead letter without max_attempts: on Pulsar the two form the client's dead-letter policy and go together"
+                    .to_owned(),
+            ),
+            _ => {}
+        }
+        if declaration.declares_retries() && !self.counts() {
+            broken.push(format!(
+                "a cap on a {:?} subscription: it counts no redeliveries (every message arrives with count 0); use Shared or KeyShared",
+                self.sub_type
+            ));
+        }
+        if let (Some(delay), Some(timeout)) = (self.longest_delay, self.ack_timeout)
+            && delay >= timeout
+        {
+            broken.push(format!(
+                "longest retry_after {delay:?} is not shorter than ack_timeout {timeout:?}: the client's timer would bring the message back first"
+            ));
+        }
+        broken
+    }
+
+    fn publisher(&self) -> Arc<dyn Publish> {
+        Arc::new(self.pulsar.publisher())
+    }
+
+    async fn open(self, declaration: &Declaration) -> Result<PulsarSubscription, SubscribeError> {
+        let mut builder = self
+            .pulsar
+            .client
+            .consumer()
+            .with_topics(&self.topics)
+            .with_subscription(&self.subscription)
+            .with_subscription_type(self.sub_type)
+            .with_options(self.options.clone())
+            .with_unacked_message_resend_delay(self.ack_timeout);
+        if let (Some(max), Some(topic)) = (declaration.max_attempts, &declaration.dead_letter) {
+            builder = builder.with_dead_letter_policy(DeadLetterPolicy {
+                max_redeliver_count: max as usize,
+                dead_letter_topic: topic.to_string(),
+            });
+        }
+        let consumer = builder
+            .build::<Vec<u8>>()
+            .await
+            .map_err(|e| SubscribeError::new(&self.address, e))?;
+        Ok(PulsarSubscription::new(
+            consumer,
+            &self.address,
+            self.counts(),
+            declaration.max_attempts,
+        ))
+    }
+}

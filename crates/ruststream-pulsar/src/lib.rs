@@ -1,0 +1,121 @@
+//! Apache Pulsar transport for ruststream over the `pulsar` crate (tokio).
+//!
+//! What each outcome becomes (SPEC P1-P7): `ack` and `drop` → `ack_with_id` (Pulsar has
+//! no reject-for-good command); `retry` → `nack_with_id`, redelivered at once; `retry_after(d)`
+//! → the delivery is held unacknowledged for d, then `nack_with_id`; no outcome → nothing
+//! (the ack timeout, or a disconnect, brings it back). Every call is made by the
+//! subscription's driver task, and acknowledgements are always individual.
+//!
+//! A registration's `max_attempts` and dead letter become the client's dead-letter policy
+//! (`max_redeliver_count = max_attempts`): the handler sees a message at most
+//! `max_attempts` times, then the client produces it to the dead-letter topic with
+//! `REAL_TOPIC` and `ORIGIN_MESSAGE_ID` and acknowledges the original. Declaring one
+//! without the other, or a cap on an Exclusive or Failover subscription (which count no
+//! redeliveries), refuses to start. A `retry_after` delay not shorter than the
+//! subscription's `ack_timeout` is refused, at startup when the registration declares its
+//! longest delay (`longest_delay`), else when the handler returns it.
+//!
+//! The attempt number: the broker sends a redelivery count on Shared and KeyShared, but
+//! the Rust client does not expose it, so the subscription counts deliveries per message
+//! id itself. The two agree while the subscription's consumer receives the redeliveries;
+//! a message redelivered to another consumer of the subscription starts again at 1 there
+//! (the client's dead-letter policy still uses the broker's count).
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use ruststream::{on, App, HandlerOutcome, Message};
+//! use ruststream_pulsar::{Pulsar, SubType};
+//!
+//! async fn bill(Message(order): Message<u64>) -> HandlerOutcome {
+//!     if order % 2 == 0 { HandlerOutcome::ack() } else { HandlerOutcome::retry_after(Duration::from_secs(5)) }
+//! }
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let pulsar = Pulsar::connect("pulsar://127.0.0.1:6650").await?;
+//! App::new()
+//!     .register(on(
+//!         pulsar.topic("persistent://public/default/orders")
+//!             .subscription("billing")
+//!             .subscription_type(SubType::Shared)
+//!             .ack_timeout(Duration::from_secs(30)),
+//!         bill,
+//!     )
+//!     .max_attempts(5)
+//!     .dead_letter("persistent://public/default/orders-dead"))
+//!     .run()
+//!     .await?;
+//! # Ok(()) }
+//! ```
+
+mod descriptor;
+mod publish;
+mod subscription;
+
+pub use descriptor::PulsarTopic;
+pub use publish::PulsarPublisher;
+pub use pulsar;
+pub use pulsar::message::proto::command_subscribe::SubType;
+pub use subscription::{PulsarReceipt, PulsarSubscription};
+
+/// A Pulsar cluster connection, shared by descriptors and publishers.
+#[derive(Clone)]
+pub struct Pulsar {
+    client: pulsar::Pulsar<pulsar::TokioExecutor>,
+    publisher: PulsarPublisher,
+}
+
+impl std::fmt::Debug for Pulsar {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Pulsar")
+    }
+}
+
+/// The connection could not be made.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot connect to Pulsar at `{url}`: {detail}")]
+pub struct ConnectError {
+    /// The service URL.
+    pub url: String,
+    /// What the client said.
+    pub detail: String,
+}
+
+impl Pulsar {
+    /// Connects to `url` (`pulsar://host:port`).
+    pub async fn connect(url: &str) -> Result<Self, ConnectError> {
+        let client = pulsar::Pulsar::builder(url, pulsar::TokioExecutor)
+            .build()
+            .await
+            .map_err(|e| ConnectError {
+                url: url.to_owned(),
+                detail: e.to_string(),
+            })?;
+        Ok(Self::from_client(client))
+    }
+
+    /// Wraps a client configured by the caller.
+    pub fn from_client(client: pulsar::Pulsar<pulsar::TokioExecutor>) -> Self {
+        let publisher = PulsarPublisher::new(client.clone());
+        Self { client, publisher }
+    }
+
+    /// The underlying client.
+    pub fn client(&self) -> &pulsar::Pulsar<pulsar::TokioExecutor> {
+        &self.client
+    }
+
+    /// A subscription on `topic` (set its name and type on the descriptor).
+    pub fn topic(&self, topic: impl Into<String>) -> PulsarTopic {
+        PulsarTopic::new(self.clone(), vec![topic.into()])
+    }
+
+    /// A subscription on several topics.
+    pub fn topics<I: IntoIterator<Item = T>, T: Into<String>>(&self, topics: I) -> PulsarTopic {
+        PulsarTopic::new(self.clone(), topics.into_iter().map(Into::into).collect())
+    }
+
+    /// Publishes with keys and properties, confirmed by the broker's receipt.
+    pub fn publisher(&self) -> PulsarPublisher {
+        self.publisher.clone()
+    }
+}

@@ -1,0 +1,86 @@
+//! Producing to Pulsar, confirmed by the broker's send receipt.
+
+use std::sync::Arc;
+
+use pulsar::TokioExecutor;
+use pulsar::producer::{Message, MultiTopicProducer};
+use ruststream_core::{BoxFuture, Headers, Outgoing, Publish, PublishError, PublishErrorKind};
+use tokio::sync::Mutex;
+
+/// Publishes to any topic (one producer per topic, made on first use). Cheap to clone.
+#[derive(Clone)]
+pub struct PulsarPublisher {
+    producers: Arc<Mutex<MultiTopicProducer<TokioExecutor>>>,
+}
+
+impl std::fmt::Debug for PulsarPublisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PulsarPublisher")
+    }
+}
+
+impl PulsarPublisher {
+    pub(crate) fn new(client: pulsar::Pulsar<TokioExecutor>) -> Self {
+        Self {
+            producers: Arc::new(Mutex::new(client.producer().build_multi_topic())),
+        }
+    }
+
+    /// Sends `payload` to `topic` with a key and properties and waits for the receipt.
+    /// Properties are text in Pulsar: a header that is not UTF-8 is refused by name.
+    pub async fn send(
+        &self,
+        topic: &str,
+        key: Option<&[u8]>,
+        headers: &Headers,
+        payload: Vec<u8>,
+    ) -> Result<(), PublishError> {
+        let refuse = |detail: String| PublishError::new(topic, PublishErrorKind::Rejected, detail);
+        let mut properties = std::collections::HashMap::with_capacity(headers.len());
+        for (name, value) in headers.iter() {
+            let text = std::str::from_utf8(value).map_err(|_| {
+                refuse(format!(
+                    "header `{name}` is not valid UTF-8, which Pulsar properties need"
+                ))
+            })?;
+            properties.insert(name.to_owned(), text.to_owned());
+        }
+        let partition_key = match key {
+            None => None,
+            Some(key) => Some(String::from_utf8(key.to_vec()).map_err(|_| {
+                refuse("the key is not valid UTF-8, which Pulsar partition keys need".to_owned())
+            })?),
+        };
+        let message = Message {
+            payload,
+            properties,
+            partition_key,
+            ..Default::default()
+        };
+        let receipt = {
+            let mut producers = self.producers.lock().await;
+            producers
+                .send_non_blocking(topic, message)
+                .await
+                .map_err(|e| PublishError::new(topic, PublishErrorKind::Disconnected, e))?
+        };
+        receipt
+            .await
+            .map(drop)
+            .map_err(|e| PublishError::new(topic, PublishErrorKind::Rejected, e))
+    }
+}
+
+impl Publish for PulsarPublisher {
+    fn publish(&self, message: Outgoing) -> BoxFuture<'_, Result<(), PublishError>> {
+        Box::pin(async move {
+            self.send(
+                &message.address,
+                message.key.as_deref(),
+                &message.headers,
+                message.payload.to_vec(),
+            )
+            .await
+        })
+    }
+}

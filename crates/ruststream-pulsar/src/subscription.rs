@@ -1,0 +1,209 @@
+//! An open Pulsar subscription: individual acks and nacks, held delayed redeliveries, and
+//! the attempt count kept per message id.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use pulsar::TokioExecutor;
+use pulsar::consumer::Consumer;
+use pulsar::message::proto::MessageIdData;
+use ruststream_core::{
+    AckError, Attempt, Delivery, Headers, Metadata, Settle, SubscribeError, Subscription,
+};
+use tokio::time::Instant;
+
+/// The topic and id of one delivery.
+#[derive(Debug, Clone)]
+pub struct PulsarReceipt {
+    topic: Arc<str>,
+    id: MessageIdData,
+}
+
+type IdKey = (u64, u64, i32, i32);
+
+fn key(id: &MessageIdData) -> IdKey {
+    (
+        id.ledger_id,
+        id.entry_id,
+        id.partition.unwrap_or(-1),
+        id.batch_index.unwrap_or(-1),
+    )
+}
+
+/// A delivery held for its `retry_after`, nacked when due.
+struct Held {
+    due: Instant,
+    receipt: PulsarReceipt,
+}
+
+impl PartialEq for Held {
+    fn eq(&self, other: &Self) -> bool {
+        self.due == other.due
+    }
+}
+impl Eq for Held {}
+impl PartialOrd for Held {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Held {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.due.cmp(&other.due)
+    }
+}
+
+/// An open subscription. Only its driver task calls it, so every ack, nack and held
+/// redelivery is made by the driver task (P3).
+pub struct PulsarSubscription {
+    consumer: Consumer<Vec<u8>, TokioExecutor>,
+    address: Arc<str>,
+    counts: bool,
+    max_attempts: Option<u32>,
+    attempts: HashMap<IdKey, u32>,
+    held: BinaryHeap<Reverse<Held>>,
+    topics: HashMap<String, Arc<str>>,
+}
+
+impl std::fmt::Debug for PulsarSubscription {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PulsarSubscription")
+            .field("address", &self.address)
+            .finish()
+    }
+}
+
+impl PulsarSubscription {
+    pub(crate) fn new(
+        consumer: Consumer<Vec<u8>, TokioExecutor>,
+        address: &str,
+        counts: bool,
+        max_attempts: Option<u32>,
+    ) -> Self {
+        Self {
+            consumer,
+            address: Arc::from(address),
+            counts,
+            max_attempts,
+            attempts: HashMap::new(),
+            held: BinaryHeap::new(),
+            topics: HashMap::new(),
+        }
+    }
+
+    fn topic(&mut self, name: &str) -> Arc<str> {
+        if let Some(topic) = self.topics.get(name) {
+            return Arc::clone(topic);
+        }
+        let topic: Arc<str> = Arc::from(name);
+        self.topics.insert(name.to_owned(), Arc::clone(&topic));
+        topic
+    }
+
+    async fn nack(&mut self, receipt: PulsarReceipt) -> Result<(), AckError> {
+        if self.max_attempts.is_some_and(|max| {
+            self.attempts
+                .get(&key(&receipt.id))
+                .is_some_and(|n| *n >= max)
+        }) {
+            // The client's dead-letter policy takes it on its next arrival: stop counting.
+            self.attempts.remove(&key(&receipt.id));
+        }
+        self.consumer
+            .nack_with_id(&receipt.topic, receipt.id)
+            .await
+            .map_err(|e| AckError::Failed(e.to_string()))
+    }
+}
+
+impl Subscription for PulsarSubscription {
+    type Receipt = PulsarReceipt;
+
+    async fn next(&mut self) -> Option<Result<(Delivery, PulsarReceipt), SubscribeError>> {
+        loop {
+            // Held deliveries whose delay is over are nacked first, by this task (P1, P3).
+            if let Some(Reverse(first)) = self.held.peek()
+                && first.due <= Instant::now()
+            {
+                let Some(Reverse(held)) = self.held.pop() else {
+                    continue;
+                };
+                if let Err(e) = self.nack(held.receipt).await {
+                    tracing::warn!(address = &*self.address, error = %e, "nack after retry_after failed");
+                }
+                continue;
+            }
+            let due = self.held.peek().map(|Reverse(h)| h.due);
+            let message = match due {
+                None => self.consumer.next().await?,
+                Some(due) => tokio::select! {
+                    message = self.consumer.next() => message?,
+                    () = tokio::time::sleep_until(due) => continue,
+                },
+            };
+            let message = match message {
+                Ok(message) => message,
+                Err(e) => return Some(Err(SubscribeError::new(&*self.address, e))),
+            };
+            let topic = self.topic(&message.topic);
+            let id = message.message_id.id.clone();
+            let metadata = &message.payload.metadata;
+            let headers: Headers = metadata
+                .properties
+                .iter()
+                .map(|kv| (kv.key.clone(), Bytes::from(kv.value.clone())))
+                .collect();
+            let attempt = if self.counts {
+                let seen = self.attempts.entry(key(&id)).or_insert(0);
+                *seen += 1;
+                Attempt::from_broker(*seen)
+            } else {
+                // Exclusive and Failover deliver every message with count 0 (P4).
+                Attempt::from_broker(1)
+            };
+            let delivery = Delivery::new(Arc::clone(&topic), Bytes::from(message.payload.data))
+                .with_headers(headers)
+                .with_key(metadata.partition_key.clone().map(Bytes::from))
+                .with_metadata(
+                    Metadata::sequence(metadata.sequence_id)
+                        .with_timestamp_ms(i64::try_from(metadata.publish_time).ok()),
+                )
+                .with_attempt(attempt);
+            return Some(Ok((delivery, PulsarReceipt { topic, id })));
+        }
+    }
+
+    async fn settle(&mut self, receipt: PulsarReceipt, settle: Settle) -> Result<(), AckError> {
+        match settle {
+            Settle::Nothing => Ok(()),
+            Settle::Ack | Settle::Drop => {
+                self.attempts.remove(&key(&receipt.id));
+                self.consumer
+                    .ack_with_id(&receipt.topic, receipt.id)
+                    .await
+                    .map_err(|e| AckError::Failed(e.to_string()))
+            }
+            Settle::Redeliver => self.nack(receipt).await,
+            Settle::RedeliverAfter(delay) => {
+                // Held unacknowledged here; `next` nacks it when the delay is over. A stop
+                // before then loses the wait, not the message (P7).
+                self.held.push(Reverse(Held {
+                    due: Instant::now() + delay,
+                    receipt,
+                }));
+                Ok(())
+            }
+        }
+    }
+
+    async fn close(mut self) {
+        if let Err(e) =
+            tokio::time::timeout(std::time::Duration::from_secs(10), self.consumer.close()).await
+        {
+            tracing::warn!(address = &*self.address, error = %e, "closing the consumer timed out");
+        }
+    }
+}

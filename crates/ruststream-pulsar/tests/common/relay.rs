@@ -1,0 +1,153 @@
+//! A frame relay between the Rust `pulsar` client and pulsar-lite.
+//!
+//! Why: the Pulsar binary protocol lets a broker send message frames without the
+//! optional "magic number + CRC32C" section (the Java and C++ clients accept both), and
+//! pulsar-lite does so; the Rust client always expects the section and fails to decode
+//! every message. This relay sits on a local port, passes everything from client to
+//! broker unchanged, and inserts the section (magic `0x0e01` and the CRC32C of the rest
+//! of the frame, as the protocol defines it) into broker-to-client frames that carry a
+//! payload without one. Nothing else changes; no copy of the client crate is involved.
+//!
+//! Frame layout: `total_size:u32 | command_size:u32 | command | [magic:u16 | crc:u32] |
+//! metadata_size:u32 | metadata | payload`, big endian; the CRC covers everything after
+//! it.
+//!
+//! Topic lookups answer with the broker's own address, which would send the client around
+//! the relay. The relay listens on an address of the same length as the broker's and
+//! writes its own address over the broker's in those answers, so no length field of the
+//! encoded command changes.
+
+use std::net::SocketAddr;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+
+const MAGIC: [u8; 2] = [0x0e, 0x01];
+
+/// Starts a relay to `broker` (`host:port`) on a free local port whose address is as
+/// long as the broker's; returns its address.
+pub async fn start(broker: String) -> SocketAddr {
+    let listener = bind_like(&broker).await;
+    let address = listener.local_addr().expect("relay address");
+    let from = format!("pulsar://{broker}").into_bytes();
+    let to = format!("pulsar://{address}").into_bytes();
+    assert_eq!(
+        from.len(),
+        to.len(),
+        "the relay's address must be as long as the broker's"
+    );
+    let urls = std::sync::Arc::new((from, to));
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let broker = broker.clone();
+            let urls = std::sync::Arc::clone(&urls);
+            tokio::spawn(async move {
+                let Ok(upstream) = TcpStream::connect(&broker).await else {
+                    return;
+                };
+                let _ = client.set_nodelay(true);
+                let _ = upstream.set_nodelay(true);
+                let (client_read, mut client_write) = client.into_split();
+                let (mut upstream_read, upstream_write) = upstream.into_split();
+                tokio::spawn(pass_through(client_read, upstream_write));
+                let _ =
+                    add_checksums(&mut upstream_read, &mut client_write, &urls.0, &urls.1).await;
+            });
+        }
+    });
+    address
+}
+
+async fn pass_through(mut from: OwnedReadHalf, mut to: OwnedWriteHalf) {
+    let _ = tokio::io::copy(&mut from, &mut to).await;
+    let _ = to.shutdown().await;
+}
+
+/// Binds 127.0.0.1 on a port with as many digits as `broker`'s.
+async fn bind_like(broker: &str) -> TcpListener {
+    let digits = broker.rsplit(':').next().map_or(5, str::len);
+    for _ in 0..200 {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind relay");
+        if listener
+            .local_addr()
+            .expect("address")
+            .port()
+            .to_string()
+            .len()
+            == digits
+        {
+            return listener;
+        }
+        if digits == 4 {
+            for port in 2000..9999u16 {
+                if let Ok(listener) = TcpListener::bind(("127.0.0.1", port)).await {
+                    return listener;
+                }
+            }
+        }
+    }
+    panic!("no free port with {digits} digits for the relay");
+}
+
+async fn add_checksums(
+    from: &mut OwnedReadHalf,
+    to: &mut OwnedWriteHalf,
+    broker_url: &[u8],
+    relay_url: &[u8],
+) -> std::io::Result<()> {
+    loop {
+        let total = from.read_u32().await? as usize;
+        let mut frame = vec![0u8; total];
+        from.read_exact(&mut frame).await?;
+        let command_size = u32::from_be_bytes(frame[..4].try_into().unwrap()) as usize;
+        let rest = 4 + command_size;
+        // Lookup answers name the broker: point them at the relay instead.
+        if let Some(at) = frame[4..rest]
+            .windows(broker_url.len())
+            .position(|w| w == broker_url)
+        {
+            frame[4 + at..4 + at + relay_url.len()].copy_from_slice(relay_url);
+        }
+        if frame.len() > rest && frame[rest..rest + 2] != MAGIC {
+            let checksum = crc32c(&frame[rest..]);
+            let mut fixed = Vec::with_capacity(frame.len() + 6);
+            fixed.extend_from_slice(&frame[..rest]);
+            fixed.extend_from_slice(&MAGIC);
+            fixed.extend_from_slice(&checksum.to_be_bytes());
+            fixed.extend_from_slice(&frame[rest..]);
+            frame = fixed;
+        }
+        to.write_u32(frame.len() as u32).await?;
+        to.write_all(&frame).await?;
+    }
+}
+
+/// CRC-32C (Castagnoli), reflected polynomial 0x82F63B78.
+fn crc32c(data: &[u8]) -> u32 {
+    static TABLE: std::sync::OnceLock<[u32; 256]> = std::sync::OnceLock::new();
+    let table = TABLE.get_or_init(|| {
+        let mut table = [0u32; 256];
+        for (i, entry) in table.iter_mut().enumerate() {
+            let mut crc = i as u32;
+            for _ in 0..8 {
+                crc = if crc & 1 == 1 {
+                    (crc >> 1) ^ 0x82F6_3B78
+                } else {
+                    crc >> 1
+                };
+            }
+            *entry = crc;
+        }
+        table
+    });
+    !data.iter().fold(!0u32, |crc, &b| {
+        table[((crc ^ u32::from(b)) & 0xff) as usize] ^ (crc >> 8)
+    })
+}
+
+#[test]
+fn crc32c_matches_the_standard_check_value() {
+    // The check value of CRC-32C for "123456789".
+    assert_eq!(crc32c(b"123456789"), 0xE306_9283);
+}
