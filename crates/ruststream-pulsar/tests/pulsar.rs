@@ -49,3 +49,358 @@ async fn p1_ack_is_acknowledged_and_never_sent_again() {
     );
     app.stop().await;
 }
+
+fn topic_of(
+    pulsar: &ruststream_pulsar::Pulsar,
+    topic: &str,
+    sub_type: SubType,
+) -> ruststream_pulsar::PulsarTopic {
+    pulsar
+        .topic(topic)
+        .subscription("s")
+        .subscription_type(sub_type)
+}
+
+async fn send(pulsar: &ruststream_pulsar::Pulsar, topic: &str, payload: &str) {
+    pulsar
+        .publisher()
+        .send(topic, None, &Headers::new(), payload.as_bytes().to_vec())
+        .await
+        .expect("the broker took it");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn p1_drop_is_acknowledged_too_and_never_comes_back() {
+    let pulsar = pulsar().await;
+    let topic = unique("p1-drop");
+    let script = Script::new(|_| HandlerOutcome::drop());
+    let app = start(App::new().register(on(
+        topic_of(&pulsar, &topic, SubType::Shared).ack_timeout(Duration::from_secs(1)),
+        handler(Arc::clone(&script)),
+    )))
+    .await;
+    send(&pulsar, &topic, "unwanted").await;
+    eventually(Duration::from_secs(20), "handled", || script.count() == 1).await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(script.count(), 1);
+    app.stop().await;
+}
+
+async fn retry_once(sub_type: SubType) -> Vec<u32> {
+    let pulsar = pulsar().await;
+    let topic = unique("p4-retry");
+    let script = Script::new(|d| {
+        if d.attempt().number() == 1 && d.payload() == "first" {
+            HandlerOutcome::retry()
+        } else {
+            HandlerOutcome::ack()
+        }
+    });
+    let app = start(App::new().register(on(
+        topic_of(&pulsar, &topic, sub_type),
+        handler(Arc::clone(&script)),
+    )))
+    .await;
+    send(&pulsar, &topic, "first").await;
+    eventually(Duration::from_secs(20), "redelivered", || {
+        script.count() == 2
+    })
+    .await;
+    let calls = script.calls();
+    assert!(
+        calls[1].at - calls[0].at < Duration::from_secs(5),
+        "nack: sent again at once"
+    );
+    app.stop().await;
+    calls.iter().map(|c| c.attempt).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn p4_retry_comes_back_at_once_with_the_count_raised_on_shared() {
+    assert_eq!(retry_once(SubType::Shared).await, vec![1, 2]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn p4_retry_comes_back_at_once_with_the_count_raised_on_key_shared() {
+    assert_eq!(retry_once(SubType::KeyShared).await, vec![1, 2]);
+}
+
+/// pulsar-lite does not act on a negative acknowledgement on Exclusive and Failover
+/// subscriptions (real Pulsar redelivers); the message comes back when the consumer
+/// reconnects, and shows its count of 0 there.
+async fn comes_back_with_count_zero(sub_type: SubType) {
+    let pulsar = pulsar().await;
+    let topic = unique("p4-single");
+    let first = Script::new(|_| HandlerOutcome::retry());
+    let app = start(App::new().register(on(
+        topic_of(&pulsar, &topic, sub_type),
+        handler(Arc::clone(&first)),
+    )))
+    .await;
+    send(&pulsar, &topic, "again").await;
+    eventually(Duration::from_secs(20), "handled", || first.count() == 1).await;
+    app.stop().await;
+    let second = Script::new(|_| HandlerOutcome::ack());
+    let app = start(App::new().register(on(
+        topic_of(&pulsar, &topic, sub_type),
+        handler(Arc::clone(&second)),
+    )))
+    .await;
+    eventually(Duration::from_secs(20), "delivered again", || {
+        second.count() == 1
+    })
+    .await;
+    assert_eq!(first.calls()[0].attempt, 1);
+    assert_eq!(
+        second.calls()[0].attempt,
+        1,
+        "no redelivery count on {sub_type:?}"
+    );
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn p4_exclusive_delivers_again_with_count_zero() {
+    comes_back_with_count_zero(SubType::Exclusive).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn p4_failover_delivers_again_with_count_zero() {
+    comes_back_with_count_zero(SubType::Failover).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn p1_retry_after_is_held_then_nacked_and_comes_back_no_earlier() {
+    let pulsar = pulsar().await;
+    let topic = unique("p1-delay");
+    let delay = Duration::from_millis(1200);
+    let script = Script::new(move |d| {
+        if d.attempt().number() == 1 {
+            HandlerOutcome::retry_after(delay)
+        } else {
+            HandlerOutcome::ack()
+        }
+    });
+    let app = start(App::new().register(on(
+        topic_of(&pulsar, &topic, SubType::Shared).ack_timeout(Duration::from_secs(30)),
+        handler(Arc::clone(&script)),
+    )))
+    .await;
+    send(&pulsar, &topic, "later").await;
+    eventually(Duration::from_secs(20), "came back", || script.count() == 2).await;
+    let calls = script.calls();
+    assert!(
+        calls[1].at - calls[0].at >= delay,
+        "came back after {:?}",
+        calls[1].at - calls[0].at
+    );
+    assert_eq!(calls[1].attempt, 2, "count + 1");
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn p2_a_delay_not_shorter_than_ack_timeout_is_refused_and_the_timer_brings_it_back() {
+    let pulsar = pulsar().await;
+    let topic = unique("p2");
+    let ack_timeout = Duration::from_secs(2);
+    let script = Script::new(move |d| {
+        if d.attempt().number() == 1 {
+            HandlerOutcome::retry_after(ack_timeout)
+        } else {
+            HandlerOutcome::ack()
+        }
+    });
+    let app = start(App::new().register(on(
+        topic_of(&pulsar, &topic, SubType::Shared).ack_timeout(ack_timeout),
+        handler(Arc::clone(&script)),
+    )))
+    .await;
+    send(&pulsar, &topic, "too long").await;
+    eventually(
+        Duration::from_secs(20),
+        "back after the ack timeout",
+        || script.count() == 2,
+    )
+    .await;
+    let calls = script.calls();
+    assert!(
+        calls[1].at - calls[0].at >= ack_timeout - Duration::from_millis(100),
+        "the client's ack timeout brought it back"
+    );
+    assert!(common::logs().contains("refused"), "the refusal is logged");
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn p2_p6_every_refusal_is_listed_at_startup() {
+    let pulsar = pulsar().await;
+    let script = Script::new(|_| HandlerOutcome::ack());
+    let err = App::new()
+        .register(
+            on(
+                topic_of(&pulsar, "a", SubType::Shared),
+                handler(Arc::clone(&script)),
+            )
+            .name("cap-only")
+            .max_attempts(3),
+        )
+        .register(
+            on(
+                topic_of(&pulsar, "b", SubType::Shared),
+                handler(Arc::clone(&script)),
+            )
+            .name("dead-only")
+            .dead_letter("b-dead"),
+        )
+        .register(
+            on(
+                topic_of(&pulsar, "c", SubType::Exclusive),
+                handler(Arc::clone(&script)),
+            )
+            .name("exclusive")
+            .max_attempts(3)
+            .dead_letter("c-dead"),
+        )
+        .register(
+            on(
+                topic_of(&pulsar, "d", SubType::Failover),
+                handler(Arc::clone(&script)),
+            )
+            .name("failover")
+            .max_attempts(3)
+            .dead_letter("d-dead"),
+        )
+        .register(
+            on(
+                topic_of(&pulsar, "e", SubType::Shared)
+                    .ack_timeout(Duration::from_secs(10))
+                    .longest_delay(Duration::from_secs(10)),
+                handler(Arc::clone(&script)),
+            )
+            .name("delay"),
+        )
+        .start()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("5 rule(s) broken"), "{err}");
+    assert!(
+        err.contains("`cap-only` on `a`: max_attempts without a dead letter"),
+        "{err}"
+    );
+    assert!(
+        err.contains("`dead-only` on `b`: a dead letter without max_attempts"),
+        "{err}"
+    );
+    assert!(
+        err.contains("`exclusive` on `c`: a cap on a Exclusive subscription"),
+        "{err}"
+    );
+    assert!(
+        err.contains("`failover` on `d`: a cap on a Failover subscription"),
+        "{err}"
+    );
+    assert!(
+        err.contains("`delay` on `e`: longest retry_after 10s"),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn p5_the_handler_runs_max_attempts_times_then_the_client_dead_letters_it() {
+    let pulsar = pulsar().await;
+    let (topic, dead) = (unique("p5"), unique("p5-dead"));
+    let script = Script::new(|_| HandlerOutcome::retry());
+    let letters = Script::new(|_| HandlerOutcome::ack());
+    let app = start(
+        App::new()
+            .register(
+                on(
+                    topic_of(&pulsar, &topic, SubType::Shared),
+                    handler(Arc::clone(&script)),
+                )
+                .name("orders")
+                .max_attempts(3)
+                .dead_letter(&dead),
+            )
+            .register(
+                on(
+                    pulsar.topic(&dead).subscription("dlq"),
+                    handler(Arc::clone(&letters)),
+                )
+                .name("dead"),
+            ),
+    )
+    .await;
+    let mut headers = Headers::new();
+    headers.insert("trace", "t5");
+    pulsar
+        .publisher()
+        .send(&topic, Some(b"k"), &headers, b"poison".to_vec())
+        .await
+        .unwrap();
+    eventually(Duration::from_secs(30), "the dead letter arrived", || {
+        letters.count() == 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(script.count(), 3, "exactly max_attempts runs");
+    assert_eq!(
+        script.calls().iter().map(|c| c.attempt).collect::<Vec<_>>(),
+        vec![1, 2, 3]
+    );
+    let letter = &letters.calls()[0];
+    assert_eq!(&letter.payload[..], b"poison");
+    assert_eq!(letter.headers.get_str("REAL_TOPIC"), Some(topic.as_str()));
+    assert!(
+        letter.headers.get_str("ORIGIN_MESSAGE_ID").is_some(),
+        "{:?}",
+        letter.headers
+    );
+    assert_eq!(letter.headers.get_str("trace"), Some("t5"));
+    app.stop().await;
+}
+
+#[test]
+fn p7_a_killed_service_loses_the_wait_not_the_held_message() {
+    let service = tokio::runtime::Runtime::new().unwrap();
+    let topic = unique("p7");
+    let first = Script::new(|_| HandlerOutcome::retry_after(Duration::from_secs(600)));
+    service.block_on(async {
+        let pulsar = pulsar().await;
+        let running = App::new()
+            .register(on(
+                topic_of(&pulsar, &topic, SubType::Shared),
+                handler(Arc::clone(&first)),
+            ))
+            .start()
+            .await
+            .unwrap();
+        std::mem::forget(running);
+        send(&pulsar, &topic, "held").await;
+        eventually(Duration::from_secs(20), "handled and held", || {
+            first.count() == 1
+        })
+        .await;
+    });
+    // The process "dies": its runtime and connections vanish without any shutdown.
+    service.shutdown_background();
+    let next = tokio::runtime::Runtime::new().unwrap();
+    next.block_on(async {
+        let pulsar = pulsar().await;
+        let again = Script::new(|_| HandlerOutcome::ack());
+        let app = start(App::new().register(on(
+            topic_of(&pulsar, &topic, SubType::Shared),
+            handler(Arc::clone(&again)),
+        )))
+        .await;
+        eventually(
+            Duration::from_secs(30),
+            "the held message came back",
+            || again.count() == 1,
+        )
+        .await;
+        assert_eq!(&again.calls()[0].payload[..], b"held");
+        app.stop().await;
+    });
+}
