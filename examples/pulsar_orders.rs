@@ -1,0 +1,112 @@
+//! An order service on Pulsar: a Shared subscription whose `max_attempts` and dead letter
+//! become the client's dead-letter policy, a `retry_after` held in the service, and a
+//! second subscription reading the dead letters (with `REAL_TOPIC` and
+//! `ORIGIN_MESSAGE_ID`).
+//!
+//! Needs a Pulsar broker: `RUSTSTREAM_PULSAR_URL` (default `pulsar://127.0.0.1:6650`).
+//! pulsar-lite, which the tests use, sends message frames the Rust client cannot decode
+//! without the tests' relay (see `crates/ruststream-pulsar/tests/common/relay.rs`), so
+//! the test command compiles this example but does not run it.
+//! Run it with `cargo run -p ruststream-pulsar --example pulsar_orders`.
+
+use std::time::Duration;
+
+use ruststream::{App, HandlerOutcome, Headers, Message, Meta, State, on};
+use ruststream_pulsar::{Pulsar, SubType};
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Order {
+    id: u64,
+    in_stock: bool,
+}
+
+struct Log(mpsc::UnboundedSender<String>);
+
+async fn on_order(
+    Message(order): Message<Order>,
+    meta: Meta,
+    State(log): State<Log>,
+) -> HandlerOutcome {
+    let outcome = match (order.in_stock, meta.attempt.number()) {
+        (true, _) => HandlerOutcome::ack(),
+        (false, 1) => HandlerOutcome::retry_after(Duration::from_millis(300)),
+        (false, _) => HandlerOutcome::retry(),
+    };
+    let _ = log.0.send(format!(
+        "order {} attempt {} -> {outcome}",
+        order.id,
+        meta.attempt.number()
+    ));
+    outcome
+}
+
+async fn on_dead_letter(
+    Message(order): Message<Order>,
+    headers: Headers,
+    State(log): State<Log>,
+) -> HandlerOutcome {
+    let _ = log.0.send(format!(
+        "dead letter: order {} from {:?}",
+        order.id,
+        headers.get_str("REAL_TOPIC")
+    ));
+    HandlerOutcome::ack()
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let url =
+        std::env::var("RUSTSTREAM_PULSAR_URL").unwrap_or_else(|_| "pulsar://127.0.0.1:6650".into());
+    let pulsar = Pulsar::connect(&url).await?;
+    let suffix = std::process::id();
+    let orders = format!("persistent://public/default/orders-{suffix}");
+    let dead = format!("persistent://public/default/orders-dead-{suffix}");
+    let (tx, mut log) = mpsc::unbounded_channel();
+    let running = App::new()
+        .state(Log(tx))
+        .register(
+            on(
+                pulsar
+                    .topic(&orders)
+                    .subscription("billing")
+                    .subscription_type(SubType::Shared)
+                    .ack_timeout(Duration::from_secs(30))
+                    .longest_delay(Duration::from_millis(300)),
+                on_order,
+            )
+            .max_attempts(3)
+            .dead_letter(&dead),
+        )
+        .register(on(
+            pulsar.topic(&dead).subscription("dead-letters"),
+            on_dead_letter,
+        ))
+        .start()
+        .await?;
+    for (id, in_stock) in [(1, true), (2, false)] {
+        let payload = serde_json::to_vec(&Order { id, in_stock })?;
+        pulsar
+            .publisher()
+            .send(
+                &orders,
+                Some(id.to_string().as_bytes()),
+                &Headers::new(),
+                payload,
+            )
+            .await?;
+    }
+    // 1 ack + 3 attempts + the dead letter.
+    for _ in 0..5 {
+        println!(
+            "{}",
+            tokio::time::timeout(Duration::from_secs(30), log.recv())
+                .await?
+                .ok_or("stopped")?
+        );
+    }
+    running.stop().await;
+    println!("stopped cleanly");
+    Ok(())
+}
