@@ -476,7 +476,7 @@ async fn k8_topics_copies_go_to_the_named_destination() {
     .await;
     let calls = script.calls();
     assert_eq!(
-        (calls[0].topic.as_str(), calls[1].topic.as_str()),
+        (calls[0].address.as_str(), calls[1].address.as_str()),
         (b.as_str(), retry.as_str())
     );
     app.stop().await;

@@ -253,8 +253,8 @@ async fn n5_core_wildcard_copies_go_to_the_named_subject() {
     })
     .await;
     let calls = script.calls();
-    assert_eq!(calls[0].subject, format!("{base}.eu"));
-    assert_eq!(calls[1].subject, retry_subject);
+    assert_eq!(calls[0].address, format!("{base}.eu"));
+    assert_eq!(calls[1].address, retry_subject);
     assert_eq!(calls[1].headers.get_str(RETRY_COUNT_HEADER), Some("1"));
     app.stop().await;
 }

@@ -1,15 +1,11 @@
 //! Shared test support: the real broker, topics, committed offsets, reading topics back,
 //! scripted handlers, captured logs.
-#![allow(dead_code, unreachable_pub)]
+#![allow(dead_code, unreachable_pub, unused_imports)]
 
-use std::future::Future;
-use std::io::Write;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use ruststream::{Delivery, HandlerOutcome, Headers};
+use ruststream::Headers;
 use ruststream_kafka::Kafka;
 use ruststream_kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use ruststream_kafka::rdkafka::client::DefaultClientContext;
@@ -17,6 +13,9 @@ use ruststream_kafka::rdkafka::config::ClientConfig;
 use ruststream_kafka::rdkafka::consumer::{BaseConsumer, Consumer};
 use ruststream_kafka::rdkafka::message::{Headers as _, Message};
 use ruststream_kafka::rdkafka::{Offset, TopicPartitionList};
+pub use ruststream_test_support::{
+    Script, Seen, capture_logs, eventually, handler, logs, unique_suffix,
+};
 
 pub fn brokers() -> String {
     std::env::var("RUSTSTREAM_KAFKA_BROKERS").unwrap_or_else(|_| {
@@ -26,7 +25,7 @@ pub fn brokers() -> String {
 
 /// The broker the project's test command started. A missing broker fails the test.
 pub async fn kafka() -> Kafka {
-    capture_logs();
+    capture_logs("debug");
     let brokers = brokers();
     let admin: AdminClient<DefaultClientContext> = admin(&brokers);
     let reachable = blocking(move || {
@@ -64,17 +63,7 @@ pub async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'stat
 
 /// A name no other test (or earlier run) uses.
 pub fn unique(prefix: &str) -> String {
-    static N: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!(
-        "{prefix}-{}-{}-{}",
-        std::process::id(),
-        nanos % 1_000_000_000,
-        N.fetch_add(1, Ordering::Relaxed)
-    )
+    format!("{prefix}-{}", unique_suffix())
 }
 
 /// Creates `topic` with `partitions` partitions.
@@ -245,109 +234,4 @@ pub async fn produce(
         .await
         .expect("produce");
     (landed.partition, landed.offset)
-}
-
-/// One handler call as a test sees it.
-#[derive(Debug, Clone)]
-pub struct Seen {
-    pub attempt: u32,
-    pub partition: Option<i32>,
-    pub offset: Option<i64>,
-    pub topic: String,
-    pub key: Option<Bytes>,
-    pub headers: Headers,
-    pub payload: Bytes,
-    pub at: Instant,
-}
-
-/// A handler whose outcome a test decides, recording every call.
-pub struct Script {
-    pub calls: Mutex<Vec<Seen>>,
-    decide: Box<dyn Fn(&Delivery) -> HandlerOutcome + Send + Sync>,
-}
-
-impl Script {
-    pub fn new(decide: impl Fn(&Delivery) -> HandlerOutcome + Send + Sync + 'static) -> Arc<Self> {
-        Arc::new(Self {
-            calls: Mutex::new(Vec::new()),
-            decide: Box::new(decide),
-        })
-    }
-
-    pub fn calls(&self) -> Vec<Seen> {
-        self.calls.lock().unwrap().clone()
-    }
-
-    pub fn count(&self) -> usize {
-        self.calls.lock().unwrap().len()
-    }
-
-    pub fn record(&self, delivery: &Delivery) {
-        self.calls.lock().unwrap().push(Seen {
-            attempt: delivery.attempt().number(),
-            partition: delivery.metadata().partition,
-            offset: delivery.metadata().offset,
-            topic: delivery.address().to_owned(),
-            key: delivery.key().cloned(),
-            headers: delivery.headers().clone(),
-            payload: delivery.payload().clone(),
-            at: Instant::now(),
-        });
-    }
-}
-
-/// A handler (an async closure) running `script`.
-pub fn handler(
-    script: Arc<Script>,
-) -> impl Fn(Delivery) -> std::pin::Pin<Box<dyn Future<Output = HandlerOutcome> + Send>>
-+ Clone
-+ Send
-+ Sync
-+ 'static {
-    move |delivery: Delivery| {
-        let script = Arc::clone(&script);
-        Box::pin(async move {
-            script.record(&delivery);
-            (script.decide)(&delivery)
-        })
-    }
-}
-
-/// Polls `condition` until it holds, failing the test after `limit`.
-pub async fn eventually(limit: Duration, what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !condition() {
-        assert!(Instant::now() < deadline, "not within {limit:?}: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// Everything logged in this test process (each nextest test is its own process).
-pub fn logs() -> String {
-    String::from_utf8_lossy(&LOG.get_or_init(Default::default).lock().unwrap()).into_owned()
-}
-
-static LOG: OnceLock<Mutex<Vec<u8>>> = OnceLock::new();
-
-struct Capture;
-
-impl Write for Capture {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        LOG.get_or_init(Default::default)
-            .lock()
-            .unwrap()
-            .extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-fn capture_logs() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter("debug")
-        .with_ansi(false)
-        .with_writer(|| Capture)
-        .try_init();
 }

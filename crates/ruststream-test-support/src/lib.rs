@@ -1,0 +1,186 @@
+//! What the transports' integration tests share: a scripted handler that records every
+//! call, polling with a deadline, names no other test uses, and the process's log.
+//! (nextest runs each test in a process of its own, so the log is the test's.)
+
+use std::future::Future;
+use std::io::Write;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use ruststream::{Delivery, HandlerOutcome, Headers};
+
+/// One handler call as a test sees it.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    /// The attempt number.
+    pub attempt: u32,
+    /// The address (topic, subject) it was read from.
+    pub address: String,
+    /// The key.
+    pub key: Option<Bytes>,
+    /// The headers.
+    pub headers: Headers,
+    /// The payload.
+    pub payload: Bytes,
+    /// Kafka partition.
+    pub partition: Option<i32>,
+    /// Kafka offset.
+    pub offset: Option<i64>,
+    /// Stream sequence.
+    pub sequence: Option<u64>,
+    /// When the handler ran.
+    pub at: Instant,
+}
+
+type Decide = Box<dyn Fn(&Delivery) -> HandlerOutcome + Send + Sync>;
+
+/// A handler whose outcome a test decides, recording every call.
+pub struct Script {
+    calls: Mutex<Vec<Seen>>,
+    decide: Decide,
+    work: Duration,
+}
+
+impl Script {
+    /// Answers each delivery with `decide`.
+    pub fn new(decide: impl Fn(&Delivery) -> HandlerOutcome + Send + Sync + 'static) -> Arc<Self> {
+        Self::slow(Duration::ZERO, decide)
+    }
+
+    /// Like [`Script::new`], working `work` before answering.
+    pub fn slow(
+        work: Duration,
+        decide: impl Fn(&Delivery) -> HandlerOutcome + Send + Sync + 'static,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            calls: Mutex::new(Vec::new()),
+            decide: Box::new(decide),
+            work,
+        })
+    }
+
+    /// Records a call.
+    pub fn record(&self, delivery: &Delivery) {
+        let metadata = delivery.metadata();
+        self.calls
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Seen {
+                attempt: delivery.attempt().number(),
+                address: delivery.address().to_owned(),
+                key: delivery.key().cloned(),
+                headers: delivery.headers().clone(),
+                payload: delivery.payload().clone(),
+                partition: metadata.partition,
+                offset: metadata.offset,
+                sequence: metadata.sequence,
+                at: Instant::now(),
+            });
+    }
+
+    /// Every call so far.
+    pub fn calls(&self) -> Vec<Seen> {
+        self.calls
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// How many calls so far.
+    pub fn count(&self) -> usize {
+        self.calls
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+}
+
+/// What [`handler`] returns: an async closure usable as a ruststream handler.
+pub type ScriptedFuture = Pin<Box<dyn Future<Output = HandlerOutcome> + Send>>;
+
+/// A handler running `script`.
+pub fn handler(
+    script: Arc<Script>,
+) -> impl Fn(Delivery) -> ScriptedFuture + Clone + Send + Sync + 'static {
+    move |delivery: Delivery| {
+        let script = Arc::clone(&script);
+        Box::pin(async move {
+            script.record(&delivery);
+            if !script.work.is_zero() {
+                tokio::time::sleep(script.work).await;
+            }
+            (script.decide)(&delivery)
+        })
+    }
+}
+
+/// Polls `condition` until it holds; fails the test after `limit` with the last log lines.
+pub async fn eventually(limit: Duration, what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !condition() {
+        if Instant::now() >= deadline {
+            let log = logs();
+            let tail: Vec<&str> = log.lines().rev().take(20).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            panic!(
+                "not within {limit:?}: {what}\nlast log lines:\n{}",
+                tail.join("\n")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A suffix no other test (or earlier run) uses: process id, clock, counter.
+pub fn unique_suffix() -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!(
+        "{}-{}-{}",
+        std::process::id(),
+        nanos % 1_000_000_000,
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Everything logged in this process since [`capture_logs`].
+pub fn logs() -> String {
+    String::from_utf8_lossy(
+        &LOG.get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner),
+    )
+    .into_owned()
+}
+
+static LOG: OnceLock<Mutex<Vec<u8>>> = OnceLock::new();
+
+struct Capture;
+
+impl Write for Capture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        LOG.get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Sends this process's `tracing` output (at `filter`, an env-filter string) to [`logs`].
+pub fn capture_logs(filter: &str) {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(false)
+        .with_writer(|| Capture)
+        .try_init();
+}
