@@ -47,6 +47,8 @@
 
 mod app;
 pub mod codec;
+#[cfg(feature = "conformance")]
+pub mod conformance;
 pub mod extract;
 mod fast_hash;
 pub mod handler;

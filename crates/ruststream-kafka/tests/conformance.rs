@@ -1,0 +1,68 @@
+//! The behaviour suite on Kafka, in each commit mode, against the real broker.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{create_topic, kafka, unique};
+use ruststream::Publisher;
+use ruststream::conformance::Bed;
+use ruststream_kafka::{Commit, Kafka, KafkaTopic};
+
+struct Topics {
+    kafka: Kafka,
+    commit: Commit,
+}
+
+impl Bed for Topics {
+    type Descriptor = KafkaTopic;
+
+    async fn address(&self) -> String {
+        let topic = unique("suite");
+        create_topic(&topic, 1).await;
+        topic
+    }
+
+    fn subscribe(&self, address: &str, group: &str) -> KafkaTopic {
+        self.kafka
+            .topic(address)
+            .group(format!("{address}-{group}"))
+            .commit(self.commit)
+            .set("auto.commit.interval.ms", "100")
+            .set("session.timeout.ms", "6000")
+            .set("heartbeat.interval.ms", "500")
+    }
+
+    fn publisher(&self) -> Publisher {
+        Publisher::new(std::sync::Arc::new(self.kafka.publisher()))
+    }
+
+    fn warm_up(&self) -> Duration {
+        // The broker forms the group after about half the session timeout.
+        Duration::from_secs(4)
+    }
+
+    fn keys(&self) -> bool {
+        true
+    }
+}
+
+mod tracked {
+    async fn bed() -> super::Topics {
+        super::Topics {
+            kafka: super::kafka().await,
+            commit: ruststream_kafka::Commit::Tracked,
+        }
+    }
+    ruststream::conformance_tests!(bed(), keys);
+}
+
+mod auto {
+    async fn bed() -> super::Topics {
+        super::Topics {
+            kafka: super::kafka().await,
+            commit: ruststream_kafka::Commit::Auto,
+        }
+    }
+    ruststream::conformance_tests!(bed(), keys);
+}

@@ -1,0 +1,411 @@
+//! One behaviour suite for every transport (feature `conformance`).
+//!
+//! A transport's tests implement [`Bed`] for each way it can be used (a subscription type,
+//! a commit mode) and invoke [`conformance_tests!`](crate::conformance_tests), which
+//! writes one test per scenario below. The scenarios check what the spec promises on
+//! every broker, the same way: a round trip keeps payload, headers and key; an ack is
+//! never delivered again; a retry under a declaration comes back as the next attempt;
+//! `retry_after` comes back no earlier than its delay; at the cap the handler has run
+//! exactly `max_attempts` times and exactly one dead letter with the original payload
+//! and headers exists; `lanes(n)` keeps per-key order; a stop lets the running handler
+//! finish and settles it.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use ruststream_core::{Delivery, Descriptor, Headers, Outgoing};
+
+use crate::{App, HandlerOutcome, Publisher, on};
+
+/// A transport as the suite uses it.
+pub trait Bed: Send + Sync + 'static {
+    /// Its subscription descriptor.
+    type Descriptor: Descriptor;
+
+    /// A new address nobody else uses, ready to be published to and read from.
+    fn address(&self) -> impl Future<Output = String> + Send;
+
+    /// A subscription on `address` as group (or subscription) `group`.
+    fn subscribe(&self, address: &str, group: &str) -> Self::Descriptor;
+
+    /// A confirmed publisher.
+    fn publisher(&self) -> Publisher;
+
+    /// How long a started app may need before it receives what is published (a Kafka
+    /// group forming, a Core subscription reaching the server).
+    fn warm_up(&self) -> Duration;
+
+    /// Whether the broker carries a message key.
+    fn keys(&self) -> bool;
+}
+
+/// What handlers saw, shared with the test.
+#[derive(Default, Clone)]
+struct Log(Arc<Mutex<Vec<(Delivery, Instant)>>>);
+
+impl Log {
+    fn push(&self, d: &Delivery) {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push((d.clone(), Instant::now()));
+    }
+    fn all(&self) -> Vec<(Delivery, Instant)> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+    fn len(&self) -> usize {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).len()
+    }
+}
+
+async fn until(limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !done() {
+        assert!(Instant::now() < deadline, "not within {limit:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn recorder(
+    log: Log,
+    decide: impl Fn(&Delivery) -> HandlerOutcome + Clone + Send + Sync + 'static,
+) -> impl Fn(Delivery) -> std::pin::Pin<Box<dyn Future<Output = HandlerOutcome> + Send>>
++ Clone
++ Send
++ Sync
++ 'static {
+    move |d: Delivery| {
+        let (log, decide) = (log.clone(), decide.clone());
+        Box::pin(async move {
+            log.push(&d);
+            decide(&d)
+        })
+    }
+}
+
+async fn publish(
+    bed: &impl Bed,
+    address: &str,
+    key: Option<&str>,
+    headers: &[(&str, &str)],
+    payload: &[u8],
+) {
+    let mut message = Outgoing::new(address, Bytes::copy_from_slice(payload));
+    message.key = key.map(|k| Bytes::copy_from_slice(k.as_bytes()));
+    message.headers = headers
+        .iter()
+        .map(|(n, v)| (*n, Bytes::copy_from_slice(v.as_bytes())))
+        .collect::<Headers>();
+    if let Err(e) = bed.publisher().publish(message).await {
+        panic!("publishing to `{address}`: {e}");
+    }
+}
+
+/// Payload, headers and (where the broker has keys) the key arrive as published.
+pub async fn round_trip(bed: impl Bed) {
+    let address = bed.address().await;
+    let log = Log::default();
+    let app = App::new()
+        .register(on(
+            bed.subscribe(&address, "suite"),
+            recorder(log.clone(), |_| HandlerOutcome::ack()),
+        ))
+        .start()
+        .await
+        .expect("start");
+    tokio::time::sleep(bed.warm_up()).await;
+    publish(
+        &bed,
+        &address,
+        Some("key-1"),
+        &[("trace", "t-1"), ("tenant", "eu")],
+        b"\x00payload\xff",
+    )
+    .await;
+    until(Duration::from_secs(30), "delivered", || log.len() == 1).await;
+    let (d, _) = &log.all()[0];
+    assert_eq!(&d.payload()[..], b"\x00payload\xff");
+    assert_eq!(d.headers().get_str("trace"), Some("t-1"));
+    assert_eq!(d.headers().get_str("tenant"), Some("eu"));
+    if bed.keys() {
+        assert_eq!(d.key().map(|k| &k[..]), Some(&b"key-1"[..]));
+    }
+    assert_eq!(d.attempt().number(), 1);
+    app.stop().await;
+}
+
+/// An acked delivery is not delivered again, to this app or the next one.
+pub async fn ack_is_final(bed: impl Bed) {
+    let address = bed.address().await;
+    let log = Log::default();
+    let app = App::new()
+        .register(on(
+            bed.subscribe(&address, "suite"),
+            recorder(log.clone(), |_| HandlerOutcome::ack()),
+        ))
+        .start()
+        .await
+        .expect("start");
+    tokio::time::sleep(bed.warm_up()).await;
+    publish(&bed, &address, None, &[], b"once").await;
+    until(Duration::from_secs(30), "delivered", || log.len() == 1).await;
+    app.stop().await;
+    let app = App::new()
+        .register(on(
+            bed.subscribe(&address, "suite"),
+            recorder(log.clone(), |_| HandlerOutcome::ack()),
+        ))
+        .start()
+        .await
+        .expect("restart");
+    tokio::time::sleep(bed.warm_up() + Duration::from_secs(1)).await;
+    assert_eq!(log.len(), 1, "an ack is final");
+    app.stop().await;
+}
+
+/// Under a declaration, `retry()` brings the delivery back as the next attempt.
+pub async fn retry_is_the_next_attempt(bed: impl Bed) {
+    let address = bed.address().await;
+    let dead = bed.address().await;
+    let log = Log::default();
+    let decide = |d: &Delivery| {
+        if d.attempt().number() == 1 {
+            HandlerOutcome::retry()
+        } else {
+            HandlerOutcome::ack()
+        }
+    };
+    let app = App::new()
+        .register(
+            on(
+                bed.subscribe(&address, "suite"),
+                recorder(log.clone(), decide),
+            )
+            .max_attempts(3)
+            .dead_letter(dead),
+        )
+        .start()
+        .await
+        .expect("start");
+    tokio::time::sleep(bed.warm_up()).await;
+    publish(&bed, &address, None, &[], b"again").await;
+    until(Duration::from_secs(30), "delivered twice", || {
+        log.len() == 2
+    })
+    .await;
+    let attempts: Vec<u32> = log
+        .all()
+        .iter()
+        .map(|(d, _)| d.attempt().number())
+        .collect();
+    assert_eq!(attempts, vec![1, 2]);
+    app.stop().await;
+}
+
+/// `retry_after(d)` comes back no earlier than d.
+pub async fn retry_after_waits(bed: impl Bed) {
+    let address = bed.address().await;
+    let log = Log::default();
+    let delay = Duration::from_millis(700);
+    let decide = move |d: &Delivery| {
+        if d.attempt().number() == 1 {
+            HandlerOutcome::retry_after(delay)
+        } else {
+            HandlerOutcome::ack()
+        }
+    };
+    let app = App::new()
+        .register(on(
+            bed.subscribe(&address, "suite"),
+            recorder(log.clone(), decide),
+        ))
+        .start()
+        .await
+        .expect("start");
+    tokio::time::sleep(bed.warm_up()).await;
+    publish(&bed, &address, None, &[], b"later").await;
+    until(Duration::from_secs(30), "delivered again", || {
+        log.len() == 2
+    })
+    .await;
+    let all = log.all();
+    assert!(
+        all[1].1 - all[0].1 >= delay,
+        "back after {:?}",
+        all[1].1 - all[0].1
+    );
+    app.stop().await;
+}
+
+/// At the cap: exactly `max_attempts` runs and exactly one dead letter, with the
+/// original payload and headers.
+pub async fn cap_and_dead_letter(bed: impl Bed) {
+    let address = bed.address().await;
+    let dead = bed.address().await;
+    let (runs, letters) = (Log::default(), Log::default());
+    let app = App::new()
+        .register(
+            on(
+                bed.subscribe(&address, "suite"),
+                recorder(runs.clone(), |_| HandlerOutcome::retry()),
+            )
+            .name("work")
+            .max_attempts(3)
+            .dead_letter(&dead),
+        )
+        .register(
+            on(
+                bed.subscribe(&dead, "suite-dead"),
+                recorder(letters.clone(), |_| HandlerOutcome::ack()),
+            )
+            .name("dead"),
+        )
+        .start()
+        .await
+        .expect("start");
+    tokio::time::sleep(bed.warm_up()).await;
+    publish(&bed, &address, None, &[("trace", "t-9")], b"\x01poison\xfe").await;
+    let waited = tokio::time::timeout(Duration::from_secs(60), async {
+        while letters.len() == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(
+        waited.is_ok(),
+        "no dead letter within 60 s; the handler ran {} times",
+        runs.len()
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(runs.len(), 3, "exactly max_attempts runs");
+    assert_eq!(letters.len(), 1, "exactly one dead letter");
+    let (letter, _) = &letters.all()[0];
+    assert_eq!(&letter.payload()[..], b"\x01poison\xfe");
+    assert_eq!(letter.headers().get_str("trace"), Some("t-9"));
+    app.stop().await;
+}
+
+/// `lanes(4)` keeps each key's order while keys run side by side.
+pub async fn lanes_keep_per_key_order(bed: impl Bed) {
+    let address = bed.address().await;
+    let seen: Arc<Mutex<HashMap<String, Vec<u32>>>> = Arc::default();
+    let handler = {
+        let seen = Arc::clone(&seen);
+        move |d: Delivery| {
+            let seen = Arc::clone(&seen);
+            async move {
+                let n: u32 = std::str::from_utf8(d.payload())
+                    .ok()
+                    .and_then(|s| s.parse().ok())
+                    .unwrap_or(0);
+                tokio::time::sleep(Duration::from_millis(u64::from(n % 3))).await;
+                let key = d
+                    .key()
+                    .map(|k| String::from_utf8_lossy(k).into_owned())
+                    .unwrap_or_default();
+                seen.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .entry(key)
+                    .or_default()
+                    .push(n);
+                HandlerOutcome::ack()
+            }
+        }
+    };
+    let app = App::new()
+        .register(on(bed.subscribe(&address, "suite"), handler).lanes(4))
+        .start()
+        .await
+        .expect("start");
+    tokio::time::sleep(bed.warm_up()).await;
+    for n in 0..60u32 {
+        publish(
+            &bed,
+            &address,
+            Some(&format!("key-{}", n % 4)),
+            &[],
+            n.to_string().as_bytes(),
+        )
+        .await;
+    }
+    until(Duration::from_secs(60), "all handled", || {
+        seen.lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .map(Vec::len)
+            .sum::<usize>()
+            == 60
+    })
+    .await;
+    for (key, order) in seen.lock().unwrap_or_else(PoisonError::into_inner).iter() {
+        assert!(order.windows(2).all(|w| w[0] < w[1]), "{key}: {order:?}");
+    }
+    app.stop().await;
+}
+
+/// A stop lets the running handler finish, and settles it: the next app does not see it.
+pub async fn stop_drains_and_settles(bed: impl Bed) {
+    let address = bed.address().await;
+    let log = Log::default();
+    let finished = Arc::new(Mutex::new(false));
+    let handler = {
+        let (log, finished) = (log.clone(), Arc::clone(&finished));
+        move |d: Delivery| {
+            let (log, finished) = (log.clone(), Arc::clone(&finished));
+            async move {
+                log.push(&d);
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                *finished.lock().unwrap_or_else(PoisonError::into_inner) = true;
+                HandlerOutcome::ack()
+            }
+        }
+    };
+    let app = App::new()
+        .register(on(bed.subscribe(&address, "suite"), handler.clone()))
+        .start()
+        .await
+        .expect("start");
+    tokio::time::sleep(bed.warm_up()).await;
+    publish(&bed, &address, None, &[], b"slow").await;
+    until(Duration::from_secs(30), "started", || log.len() == 1).await;
+    app.stop().await;
+    assert!(
+        *finished.lock().unwrap_or_else(PoisonError::into_inner),
+        "the running handler finished"
+    );
+    let app = App::new()
+        .register(on(bed.subscribe(&address, "suite"), handler))
+        .start()
+        .await
+        .expect("restart");
+    tokio::time::sleep(bed.warm_up() + Duration::from_secs(1)).await;
+    assert_eq!(log.len(), 1, "it was settled before the stop ended");
+    app.stop().await;
+}
+
+/// Writes one `#[tokio::test]` per scenario for the bed `$bed` (an expression, awaited
+/// inside each test). `keys` also writes the per-key order scenario.
+#[macro_export]
+macro_rules! conformance_tests {
+    ($bed:expr) => {
+        $crate::conformance_tests!(@each $bed; round_trip, ack_is_final, retry_is_the_next_attempt, retry_after_waits, cap_and_dead_letter, stop_drains_and_settles);
+    };
+    ($bed:expr, keys) => {
+        $crate::conformance_tests!($bed);
+        $crate::conformance_tests!(@each $bed; lanes_keep_per_key_order);
+    };
+    (@each $bed:expr; $($scenario:ident),*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $scenario() {
+                $crate::conformance::$scenario($bed.await).await;
+            }
+        )*
+    };
+}
