@@ -55,9 +55,10 @@ mod shared {
     ruststream::conformance_tests!(bed(), keys);
 }
 
-/// Every scenario but the cap: pulsar-lite's KeyShared dispatcher redelivers a message
-/// once after a negative acknowledgement, but not a second time, so the third attempt
-/// never comes (on Shared it does; `p5_…` in `pulsar.rs` checks the cap there).
+/// Every scenario but the two that retry up to the cap: pulsar-lite's KeyShared
+/// dispatcher redelivers a message once after a negative acknowledgement, but not a
+/// second time, so the third attempt never comes (on Shared it does; `p5_…` in
+/// `pulsar.rs` checks the cap there).
 mod key_shared {
     async fn bed() -> super::Topics {
         super::Topics {
@@ -67,5 +68,6 @@ mod key_shared {
     }
     ruststream::conformance_tests!(@each bed();
         round_trip, ack_is_final, retry_is_the_next_attempt, retry_after_waits,
-        stop_drains_and_settles, lanes_keep_per_key_order);
+        stop_drains_and_settles, lanes_keep_per_key_order, undecodable_is_dead_lettered,
+        empty_and_large_payloads_arrive_intact);
 }

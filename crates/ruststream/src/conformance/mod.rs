@@ -389,12 +389,155 @@ pub async fn stop_drains_and_settles(bed: impl Bed) {
     app.stop().await;
 }
 
+/// E1: a payload the handler's codec cannot decode never reaches the handler and goes to
+/// the dead letter unchanged.
+pub async fn undecodable_is_dead_lettered(bed: impl Bed) {
+    let address = bed.address().await;
+    let dead = bed.address().await;
+    let (decoded, letters) = (Log::default(), Log::default());
+    let typed = {
+        let decoded = decoded.clone();
+        move |crate::Message(_value): crate::Message<serde_json::Value>, d: Delivery| {
+            let decoded = decoded.clone();
+            async move {
+                decoded.push(&d);
+                HandlerOutcome::ack()
+            }
+        }
+    };
+    let app = App::new()
+        .register(
+            on(bed.subscribe(&address, "suite"), typed)
+                .name("typed")
+                .max_attempts(3)
+                .dead_letter(&dead),
+        )
+        .register(
+            on(
+                bed.subscribe(&dead, "suite-dead"),
+                recorder(letters.clone(), |_| HandlerOutcome::ack()),
+            )
+            .name("dead"),
+        )
+        .start()
+        .await
+        .expect("start");
+    tokio::time::sleep(bed.warm_up()).await;
+    publish(
+        &bed,
+        &address,
+        None,
+        &[("trace", "bad")],
+        b"{\"not\": json\xff",
+    )
+    .await;
+    publish(&bed, &address, None, &[], b"{\"fine\": true}").await;
+    until(
+        Duration::from_secs(60),
+        "the dead letter and the good message",
+        || letters.len() == 1 && decoded.len() == 1,
+    )
+    .await;
+    let (letter, _) = &letters.all()[0];
+    assert_eq!(&letter.payload()[..], b"{\"not\": json\xff");
+    assert_eq!(letter.headers().get_str("trace"), Some("bad"));
+    assert_eq!(
+        &decoded.all()[0].0.payload()[..],
+        b"{\"fine\": true}",
+        "the handler saw only the good one"
+    );
+    app.stop().await;
+}
+
+/// Forged `x-ruststream-retry-count` values (negative, not a number, huge) never crash
+/// the service: each message is handled and, always retried under a cap of 3, ends in
+/// exactly one dead letter after at most 3 runs.
+pub async fn forged_retry_counts_end_in_one_dead_letter(bed: impl Bed) {
+    let address = bed.address().await;
+    let dead = bed.address().await;
+    let (runs, letters) = (Log::default(), Log::default());
+    let app = App::new()
+        .register(
+            on(
+                bed.subscribe(&address, "suite"),
+                recorder(runs.clone(), |_| HandlerOutcome::retry()),
+            )
+            .name("work")
+            .max_attempts(3)
+            .dead_letter(&dead),
+        )
+        .register(
+            on(
+                bed.subscribe(&dead, "suite-dead"),
+                recorder(letters.clone(), |_| HandlerOutcome::ack()),
+            )
+            .name("dead"),
+        )
+        .start()
+        .await
+        .expect("start");
+    tokio::time::sleep(bed.warm_up()).await;
+    let forged = ["-1", "banana", "99999999999999999999"];
+    for value in forged {
+        publish(
+            &bed,
+            &address,
+            None,
+            &[(crate::RETRY_COUNT_HEADER, value)],
+            value.as_bytes(),
+        )
+        .await;
+    }
+    until(Duration::from_secs(60), "a dead letter for each", || {
+        letters.len() == forged.len()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(letters.len(), forged.len(), "exactly one dead letter each");
+    for value in forged {
+        let runs = runs
+            .all()
+            .iter()
+            .filter(|(d, _)| &d.payload()[..] == value.as_bytes())
+            .count();
+        assert!((1..=3).contains(&runs), "`{value}` ran {runs} times");
+    }
+    app.stop().await;
+}
+
+/// An empty payload and a 256 KiB payload arrive intact.
+pub async fn empty_and_large_payloads_arrive_intact(bed: impl Bed) {
+    let address = bed.address().await;
+    let log = Log::default();
+    let app = App::new()
+        .register(on(
+            bed.subscribe(&address, "suite"),
+            recorder(log.clone(), |_| HandlerOutcome::ack()),
+        ))
+        .start()
+        .await
+        .expect("start");
+    tokio::time::sleep(bed.warm_up()).await;
+    let large: Vec<u8> = (0..256 * 1024).map(|i| (i % 251) as u8).collect();
+    publish(&bed, &address, None, &[], b"").await;
+    publish(&bed, &address, None, &[], &large).await;
+    until(Duration::from_secs(30), "both delivered", || log.len() == 2).await;
+    let mut sizes: Vec<usize> = log.all().iter().map(|(d, _)| d.payload().len()).collect();
+    sizes.sort_unstable();
+    assert_eq!(sizes, vec![0, large.len()]);
+    assert!(
+        log.all().iter().any(|(d, _)| d.payload()[..] == large[..]),
+        "the large payload is byte-identical"
+    );
+    app.stop().await;
+}
+
 /// Writes one `#[tokio::test]` per scenario for the bed `$bed` (an expression, awaited
 /// inside each test). `keys` also writes the per-key order scenario.
 #[macro_export]
 macro_rules! conformance_tests {
     ($bed:expr) => {
-        $crate::conformance_tests!(@each $bed; round_trip, ack_is_final, retry_is_the_next_attempt, retry_after_waits, cap_and_dead_letter, stop_drains_and_settles);
+        $crate::conformance_tests!(@each $bed; round_trip, ack_is_final, retry_is_the_next_attempt, retry_after_waits, cap_and_dead_letter, stop_drains_and_settles, undecodable_is_dead_lettered, forged_retry_counts_end_in_one_dead_letter, empty_and_large_payloads_arrive_intact);
     };
     ($bed:expr, keys) => {
         $crate::conformance_tests!($bed);
