@@ -143,6 +143,9 @@ async fn k7_sigkill_during_a_tracked_retry_after_wait_loses_nothing() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     second.kill().await.expect("stopped");
+    println!(
+        "RELIABILITY|Kafka Commit::Tracked|1 record, service SIGKILLed during a retry_after(10 min) wait, restarted|lost 0 of 1|0 handled twice by the first instance; handled again once after the restart (by design)|0 dead-lettered"
+    );
 }
 
 /// Kills an exactly-once service after it produced its outputs and before its window
@@ -207,4 +210,7 @@ async fn k6_sigkill_before_the_window_commits_replays_it_and_the_offsets_match()
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     second.kill().await.expect("stopped");
+    println!(
+        "RELIABILITY|Kafka Commit::Transactional|3 records, service SIGKILLed after producing, before its window committed, restarted|lost 0 of 3; offsets committed once, at 3|the killed window's outputs are aborted (not observable on tansu)|0 dead-lettered"
+    );
 }
