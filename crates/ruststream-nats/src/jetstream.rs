@@ -189,11 +189,12 @@ impl Descriptor for JetStreamConsumer {
             .map_err(|e| {
                 SubscribeError::new(&address, format!("pulling from `{}`: {e}", self.consumer))
             })?;
-        let in_progress = Arc::new(Mutex::new(HashMap::new()));
-        let keepalive = self.keepalive.then(|| {
+        // Running deliveries are tracked only for the keepalive.
+        let in_progress: Option<InProgress> = self.keepalive.then(Default::default);
+        let keepalive = in_progress.as_ref().map(|running| {
             tokio::spawn(keep_alive(
                 self.client.clone(),
-                Arc::clone(&in_progress),
+                Arc::clone(running),
                 self.ack_wait,
             ))
         });
@@ -248,7 +249,8 @@ pub struct JetStreamSubscription {
     messages: pull::Stream,
     address: Arc<str>,
     double_ack: bool,
-    in_progress: InProgress,
+    /// Running deliveries, when the keepalive is on.
+    in_progress: Option<InProgress>,
     keepalive: Option<JoinHandle<()>>,
 }
 
@@ -286,7 +288,9 @@ impl Subscription for JetStreamSubscription {
             let Some(reply) = message.reply.clone() else {
                 continue;
             };
-            lock(&self.in_progress).insert(tag, (reply.clone(), Instant::now()));
+            if let Some(running) = &self.in_progress {
+                lock(running).insert(tag, (reply.clone(), Instant::now()));
+            }
             let address = if *self.address == *message.subject.as_str() {
                 Arc::clone(&self.address)
             } else {
@@ -301,7 +305,9 @@ impl Subscription for JetStreamSubscription {
     }
 
     async fn settle(&mut self, (tag, reply): Receipt, settle: Settle) -> Result<(), AckError> {
-        lock(&self.in_progress).remove(&tag);
+        if let Some(running) = &self.in_progress {
+            lock(running).remove(&tag);
+        }
         let kind = match settle {
             // No outcome: the server redelivers after ack_wait (N1).
             Settle::Nothing => return Ok(()),

@@ -243,9 +243,10 @@ pub async fn retry_after_waits(bed: impl Bed) {
     app.stop().await;
 }
 
-/// At the cap: exactly `max_attempts` runs and exactly one dead letter, with the
-/// original payload and headers.
-pub async fn cap_and_dead_letter(bed: impl Bed) {
+/// An app whose `work` registration always retries under `max_attempts(3)` and a dead
+/// letter, and whose `dead` registration reads the dead letters; returns the app, the
+/// address to publish to, and the logs of both.
+async fn always_retry_to_dead_letter(bed: &impl Bed) -> (crate::Running, String, Log, Log) {
     let address = bed.address().await;
     let dead = bed.address().await;
     let (runs, letters) = (Log::default(), Log::default());
@@ -270,6 +271,13 @@ pub async fn cap_and_dead_letter(bed: impl Bed) {
         .await
         .expect("start");
     tokio::time::sleep(bed.warm_up()).await;
+    (app, address, runs, letters)
+}
+
+/// At the cap: exactly `max_attempts` runs and exactly one dead letter, with the
+/// original payload and headers.
+pub async fn cap_and_dead_letter(bed: impl Bed) {
+    let (app, address, runs, letters) = always_retry_to_dead_letter(&bed).await;
     publish(&bed, &address, None, &[("trace", "t-9")], b"\x01poison\xfe").await;
     let waited = tokio::time::timeout(Duration::from_secs(60), async {
         while letters.len() == 0 {
@@ -453,30 +461,7 @@ pub async fn undecodable_is_dead_lettered(bed: impl Bed) {
 /// the service: each message is handled and, always retried under a cap of 3, ends in
 /// exactly one dead letter after at most 3 runs.
 pub async fn forged_retry_counts_end_in_one_dead_letter(bed: impl Bed) {
-    let address = bed.address().await;
-    let dead = bed.address().await;
-    let (runs, letters) = (Log::default(), Log::default());
-    let app = App::new()
-        .register(
-            on(
-                bed.subscribe(&address, "suite"),
-                recorder(runs.clone(), |_| HandlerOutcome::retry()),
-            )
-            .name("work")
-            .max_attempts(3)
-            .dead_letter(&dead),
-        )
-        .register(
-            on(
-                bed.subscribe(&dead, "suite-dead"),
-                recorder(letters.clone(), |_| HandlerOutcome::ack()),
-            )
-            .name("dead"),
-        )
-        .start()
-        .await
-        .expect("start");
-    tokio::time::sleep(bed.warm_up()).await;
+    let (app, address, runs, letters) = always_retry_to_dead_letter(&bed).await;
     let forged = ["-1", "banana", "99999999999999999999"];
     for value in forged {
         publish(
