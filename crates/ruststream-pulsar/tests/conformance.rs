@@ -69,5 +69,5 @@ mod key_shared {
     ruststream::conformance_tests!(@each bed();
         round_trip, ack_is_final, retry_is_the_next_attempt, retry_after_waits,
         stop_drains_and_settles, lanes_keep_per_key_order, undecodable_is_dead_lettered,
-        empty_and_large_payloads_arrive_intact);
+        empty_and_large_payloads_arrive_intact, a_panic_is_a_failed_attempt);
 }

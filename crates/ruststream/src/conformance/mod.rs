@@ -517,12 +517,55 @@ pub async fn empty_and_large_payloads_arrive_intact(bed: impl Bed) {
     app.stop().await;
 }
 
+/// E2: a panicking handler is a failed attempt: under a declaration the delivery comes
+/// back as the next attempt, and the service goes on.
+pub async fn a_panic_is_a_failed_attempt(bed: impl Bed) {
+    let address = bed.address().await;
+    let dead = bed.address().await;
+    let log = Log::default();
+    let panics_first = {
+        let log = log.clone();
+        move |d: Delivery| {
+            let log = log.clone();
+            async move {
+                log.push(&d);
+                assert!(d.attempt().number() > 1, "boom on the first attempt");
+                HandlerOutcome::ack()
+            }
+        }
+    };
+    let app = App::new()
+        .register(
+            on(bed.subscribe(&address, "suite"), panics_first)
+                .max_attempts(3)
+                .dead_letter(dead),
+        )
+        .start()
+        .await
+        .expect("start");
+    tokio::time::sleep(bed.warm_up()).await;
+    publish(&bed, &address, None, &[], b"panics once").await;
+    until(
+        Duration::from_secs(30),
+        "handled again after the panic",
+        || log.len() == 2,
+    )
+    .await;
+    let attempts: Vec<u32> = log
+        .all()
+        .iter()
+        .map(|(d, _)| d.attempt().number())
+        .collect();
+    assert_eq!(attempts, vec![1, 2]);
+    app.stop().await;
+}
+
 /// Writes one `#[tokio::test]` per scenario for the bed `$bed` (an expression, awaited
 /// inside each test). `keys` also writes the per-key order scenario.
 #[macro_export]
 macro_rules! conformance_tests {
     ($bed:expr) => {
-        $crate::conformance_tests!(@each $bed; round_trip, ack_is_final, retry_is_the_next_attempt, retry_after_waits, cap_and_dead_letter, stop_drains_and_settles, undecodable_is_dead_lettered, forged_retry_counts_end_in_one_dead_letter, empty_and_large_payloads_arrive_intact);
+        $crate::conformance_tests!(@each $bed; round_trip, ack_is_final, retry_is_the_next_attempt, retry_after_waits, cap_and_dead_letter, stop_drains_and_settles, undecodable_is_dead_lettered, forged_retry_counts_end_in_one_dead_letter, empty_and_large_payloads_arrive_intact, a_panic_is_a_failed_attempt);
     };
     ($bed:expr, keys) => {
         $crate::conformance_tests!($bed);
