@@ -5,7 +5,7 @@
 //!
 //! Needs a Pulsar broker: `RUSTSTREAM_PULSAR_URL` (default `pulsar://127.0.0.1:6650`).
 //! pulsar-lite, which the tests use, sends message frames the Rust client cannot decode
-//! without the tests' relay (see `crates/ruststream-pulsar/tests/common/relay.rs`), so
+//! without the tests' relay (see `crates/ruststream-test-support/src/pulsar_relay.rs`), so
 //! the test command compiles this example but does not run it.
 //! Run it with `cargo run -p ruststream-pulsar --example pulsar_orders`.
 

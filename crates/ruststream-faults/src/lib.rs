@@ -1,2 +1,230 @@
 //! Fault tests for ruststream: the services under test run as separate processes
 //! (`src/bin`), so a test can kill them with SIGKILL and start them again.
+//!
+//! What the tests share lives here: the service as a child process whose output lines
+//! are tallied as they come, the tally of several lives of a service, the
+//! `RELIABILITY|…` line `scripts/reliability` collects, and the soak factor.
+
+use std::collections::BTreeSet;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// How many times the default counts the fault tests use: `RUSTSTREAM_SOAK` (a whole
+/// number, default 1). `RUSTSTREAM_SOAK=20 scripts/reliability` is the heavier soak run.
+pub fn soak() -> usize {
+    match std::env::var("RUSTSTREAM_SOAK") {
+        Ok(v) => v
+            .parse::<usize>()
+            .ok()
+            .filter(|n| *n > 0)
+            .unwrap_or_else(|| panic!("RUSTSTREAM_SOAK must be a whole number above 0, not `{v}`")),
+        Err(_) => 1,
+    }
+}
+
+/// A name no other test (or earlier run) uses.
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}-{}", ruststream_test_support::unique_suffix())
+}
+
+/// What a service printed: `start`, `done` and `held` lines as (payload, attempt).
+#[derive(Debug, Default, Clone)]
+pub struct Tally {
+    /// It printed `ready`.
+    pub ready: bool,
+    /// Handler calls begun.
+    pub started: Vec<(String, u32)>,
+    /// Handler calls that acked.
+    pub done: Vec<(String, u32)>,
+    /// Handler calls that asked for `retry_after`.
+    pub held: Vec<(String, u32)>,
+}
+
+impl Tally {
+    fn take(&mut self, line: &str) {
+        let mut words = line.split(' ');
+        let event = words.next().unwrap_or_default();
+        if event == "ready" {
+            self.ready = true;
+            return;
+        }
+        let (Some(payload), Some(attempt)) = (words.next(), words.next()) else {
+            return;
+        };
+        let entry = (payload.to_owned(), attempt.parse().unwrap_or(0));
+        match event {
+            "start" => self.started.push(entry),
+            "done" => self.done.push(entry),
+            "held" => self.held.push(entry),
+            _ => {}
+        }
+    }
+
+    /// The payloads acked at least once.
+    pub fn handled(&self) -> BTreeSet<String> {
+        self.done.iter().map(|(p, _)| p.clone()).collect()
+    }
+}
+
+/// One life of the service under test.
+pub struct Service {
+    child: Child,
+    tally: Arc<Mutex<Tally>>,
+}
+
+impl Service {
+    /// Starts `program` with `args`; its stdout lines are tallied as they come, its
+    /// stderr goes to the test's.
+    pub fn spawn(program: &str, args: &[&str]) -> Self {
+        let mut child = Command::new(program)
+            .args(args)
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {program}: {e}"));
+        let mut lines = BufReader::new(child.stdout.take().expect("stdout piped")).lines();
+        let tally = Arc::new(Mutex::new(Tally::default()));
+        let sink = Arc::clone(&tally);
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                sink.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .take(&line);
+            }
+        });
+        Self { child, tally }
+    }
+
+    /// What it printed so far.
+    pub fn tally(&self) -> Tally {
+        self.tally
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Waits until `done` holds of its tally; fails the test after `limit`.
+    pub async fn until(&mut self, limit: Duration, what: &str, done: impl Fn(&Tally) -> bool) {
+        let deadline = Instant::now() + limit;
+        loop {
+            if done(&self.tally()) {
+                return;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("the service exited ({status}) before: {what}");
+            }
+            assert!(Instant::now() < deadline, "not within {limit:?}: {what}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// SIGKILL; returns what it printed.
+    pub async fn kill(mut self) -> Tally {
+        self.child.kill().await.expect("SIGKILL the service");
+        // The reader drains what was written before the kill.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        self.tally()
+    }
+}
+
+/// What several lives of a service did with `published` messages, as the
+/// `RELIABILITY|transport|what was tried|lost|duplicated|dead-lettered` line
+/// `scripts/reliability` collects into RELIABILITY.md.
+pub struct Report {
+    /// The messages the broker confirmed.
+    pub published: BTreeSet<String>,
+    /// Every life's tally.
+    pub lives: Vec<Tally>,
+}
+
+impl Report {
+    /// The published messages no life acked.
+    pub fn lost(&self) -> usize {
+        let handled: BTreeSet<String> = self.lives.iter().flat_map(Tally::handled).collect();
+        self.published.difference(&handled).count()
+    }
+
+    /// Acks beyond the first for the same message.
+    pub fn duplicated(&self) -> usize {
+        let acks: usize = self.lives.iter().map(|t| t.done.len()).sum();
+        let handled: BTreeSet<String> = self.lives.iter().flat_map(Tally::handled).collect();
+        acks - handled.len()
+    }
+
+    /// Prints the line; `why_lost` explains a loss the spec documents.
+    pub fn print(&self, transport: &str, tried: &str, why_lost: &str) {
+        let lost = self.lost();
+        let why = if lost > 0 && !why_lost.is_empty() {
+            format!(" ({why_lost})")
+        } else {
+            String::new()
+        };
+        println!(
+            "RELIABILITY|{transport}|{tried}|lost {lost} of {}{why}|{} handled twice|0 dead-lettered",
+            self.published.len(),
+            self.duplicated()
+        );
+    }
+}
+
+/// Waits until every one of `published` is acked by `service` or an earlier life, or
+/// `limit` passed (the caller's assertion on [`Report::lost`] then names the loss).
+pub async fn settle(
+    service: &mut Service,
+    published: &BTreeSet<String>,
+    earlier: &[Tally],
+    limit: Duration,
+) {
+    let deadline = Instant::now() + limit;
+    let before: BTreeSet<String> = earlier.iter().flat_map(Tally::handled).collect();
+    while Instant::now() < deadline {
+        let handled: BTreeSet<String> = before.union(&service.tally().handled()).cloned().collect();
+        if published.is_subset(&handled) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Kafka helpers (the tests reach tansu at `RUSTSTREAM_KAFKA_BROKERS`).
+pub mod kafka {
+    use std::time::Duration;
+
+    use ruststream_kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use ruststream_kafka::rdkafka::client::DefaultClientContext;
+    use ruststream_kafka::rdkafka::config::ClientConfig;
+
+    /// The brokers scripts/test started; a missing variable fails the test.
+    pub fn brokers() -> String {
+        std::env::var("RUSTSTREAM_KAFKA_BROKERS").expect(
+            "RUSTSTREAM_KAFKA_BROKERS is not set: run the tests with scripts/test, which starts tansu",
+        )
+    }
+
+    /// Creates single-partition topics on `brokers`.
+    pub async fn create_topics(brokers: &str, topics: &[&str]) {
+        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+            .set("bootstrap.servers", brokers)
+            .create()
+            .expect("admin client");
+        for r in admin
+            .create_topics(
+                &topics
+                    .iter()
+                    .map(|t| NewTopic::new(t, 1, TopicReplication::Fixed(1)))
+                    .collect::<Vec<_>>(),
+                &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+            )
+            .await
+            .expect("the Kafka broker answers")
+        {
+            r.expect("topic created");
+        }
+        // Dropping an rdkafka client can block its thread (see brokers.md); let it be.
+        std::mem::forget(admin);
+    }
+}

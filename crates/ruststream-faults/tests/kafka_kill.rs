@@ -1,57 +1,18 @@
-//! SIGKILL a Kafka `Commit::Tracked` service while a `retry_after` waits: the record's
-//! offset was never stored, so the restarted service handles it again (nothing lost).
+//! SIGKILL an exactly-once (`Commit::Transactional`) service before its window commits.
+//! (The other commit modes are killed in `kill.rs`.)
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use ruststream::Headers;
+use ruststream_faults::kafka::{brokers, create_topics};
+use ruststream_faults::unique;
 use ruststream_kafka::Kafka;
-use ruststream_kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use ruststream_kafka::rdkafka::client::DefaultClientContext;
 use ruststream_kafka::rdkafka::config::ClientConfig;
 use ruststream_kafka::rdkafka::consumer::{BaseConsumer, Consumer};
 use ruststream_kafka::rdkafka::{Offset, TopicPartitionList};
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout, Command};
-
-fn brokers() -> String {
-    std::env::var("RUSTSTREAM_KAFKA_BROKERS").expect(
-        "RUSTSTREAM_KAFKA_BROKERS is not set: run the tests with scripts/test, which starts tansu",
-    )
-}
-
-fn unique(prefix: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("{prefix}-{}-{}", std::process::id(), nanos % 1_000_000_000)
-}
-
-async fn create_topic(topic: &str) {
-    create_topics(&[topic]).await;
-}
-
-async fn create_topics(topics: &[&str]) {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", brokers())
-        .create()
-        .expect("admin");
-    for r in admin
-        .create_topics(
-            &topics
-                .iter()
-                .map(|t| NewTopic::new(t, 1, TopicReplication::Fixed(1)))
-                .collect::<Vec<_>>(),
-            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
-        )
-        .await
-        .expect("the Kafka broker answers")
-    {
-        r.expect("topic created");
-    }
-    std::mem::forget(admin);
-}
 
 /// The committed offset, read on a thread of its own (dropping clients can block).
 async fn committed(group: &str, topic: &str) -> Option<i64> {
@@ -78,13 +39,6 @@ async fn committed(group: &str, topic: &str) -> Option<i64> {
     rx.await.expect("committed offsets read")
 }
 
-fn service(topic: &str, group: &str, mode: &str) -> (Child, Lines<BufReader<ChildStdout>>) {
-    spawn(
-        env!("CARGO_BIN_EXE_kafka-service"),
-        &[&brokers(), topic, group, mode],
-    )
-}
-
 fn spawn(program: &str, args: &[&str]) -> (Child, Lines<BufReader<ChildStdout>>) {
     let mut child = Command::new(program)
         .args(args)
@@ -104,50 +58,6 @@ async fn next_line(lines: &mut Lines<BufReader<ChildStdout>>) -> String {
         .expect("the service is still running")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn k7_sigkill_during_a_tracked_retry_after_wait_loses_nothing() {
-    let (topic, group) = (unique("kill"), unique("g"));
-    create_topic(&topic).await;
-    let kafka = Kafka::connect(&brokers()).expect("client");
-    kafka
-        .publisher()
-        .send(&topic, Some(b"k"), &Headers::new(), b"order-1", None)
-        .await
-        .expect("produced");
-
-    let (mut first, mut lines) = service(&topic, &group, "hold");
-    assert_eq!(
-        next_line(&mut lines).await,
-        "handled order-1 attempt 1 offset 0"
-    );
-    // The handler asked for retry_after(10 min); the service dies during the wait.
-    first.kill().await.expect("SIGKILL");
-    assert_eq!(
-        committed(&group, &topic).await,
-        None,
-        "the held record was never committed"
-    );
-
-    let (mut second, mut lines) = service(&topic, &group, "ack");
-    assert_eq!(
-        next_line(&mut lines).await,
-        "handled order-1 attempt 1 offset 0",
-        "the record comes back after the restart"
-    );
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while committed(&group, &topic).await != Some(1) {
-        assert!(
-            Instant::now() < deadline,
-            "the record was not committed after it was handled"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    second.kill().await.expect("stopped");
-    println!(
-        "RELIABILITY|Kafka Commit::Tracked|1 record, service SIGKILLed during a retry_after(10 min) wait, restarted|lost 0 of 1|0 handled twice by the first instance; handled again once after the restart (by design)|0 dead-lettered"
-    );
-}
-
 /// Kills an exactly-once service after it produced its outputs and before its window
 /// committed: the window's offsets never moved, and after the restart every input is
 /// handled again and committed once. (That the killed window's outputs are hidden from
@@ -160,7 +70,7 @@ async fn k6_sigkill_before_the_window_commits_replays_it_and_the_offsets_match()
         unique("g"),
         unique("tx"),
     );
-    create_topics(&[&input, &output]).await;
+    create_topics(&brokers(), &[&input, &output]).await;
     let kafka = Kafka::connect(&brokers()).expect("client");
     for i in 0..3 {
         kafka

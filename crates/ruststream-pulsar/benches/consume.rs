@@ -1,13 +1,9 @@
 //! Consume throughput through ruststream (Shared subscription, ack) next to a raw `pulsar`
 //! consumer (decode, `ack`) on the same messages, in one run. Needs pulsar-lite at
 //! `RUSTSTREAM_PULSAR_ADDR` (scripts/test starts it); both sides go through the same
-//! checksum relay the tests use (see tests/common/relay.rs).
+//! checksum relay the tests use (see ruststream_test_support::pulsar_relay).
 //!
 //! Run with `cargo bench -p ruststream-pulsar --bench consume`.
-
-#[path = "../tests/common/relay.rs"]
-#[allow(dead_code, unreachable_pub)]
-mod relay;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -124,7 +120,7 @@ async fn framework(pulsar: &Pulsar, topic: &str) -> f64 {
 async fn main() {
     let broker = std::env::var("RUSTSTREAM_PULSAR_ADDR")
         .expect("RUSTSTREAM_PULSAR_ADDR: run scripts/test or start pulsar-lite");
-    let relay = relay::start(broker).await;
+    let relay = ruststream_test_support::pulsar_relay::start(broker).await;
     let pulsar = Pulsar::connect(&format!("pulsar://{relay}"))
         .await
         .expect("connect");

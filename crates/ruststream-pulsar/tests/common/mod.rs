@@ -2,7 +2,7 @@
 //! handlers, captured logs.
 #![allow(dead_code, unreachable_pub, unused_imports)]
 
-pub mod relay;
+pub use ruststream_test_support::pulsar_relay as relay;
 
 use ruststream_pulsar::Pulsar;
 pub use ruststream_test_support::{
@@ -10,7 +10,7 @@ pub use ruststream_test_support::{
 };
 
 /// pulsar-lite, reached through a relay that adds the checksum section its message
-/// frames leave out (see `relay.rs`). A missing broker fails the test.
+/// frames leave out (see `ruststream_test_support::pulsar_relay`). A missing broker fails the test.
 pub async fn pulsar() -> Pulsar {
     capture_logs("debug,pulsar=info");
     let broker = std::env::var("RUSTSTREAM_PULSAR_ADDR").unwrap_or_else(|_| {

@@ -1,4 +1,5 @@
-//! A frame relay between the Rust `pulsar` client and pulsar-lite.
+//! A frame relay between the Rust `pulsar` client and pulsar-lite (tests, benchmarks and
+//! fault services reach the broker through it).
 //!
 //! Why: the Pulsar binary protocol lets a broker send message frames without the
 //! optional "magic number + CRC32C" section (the Java and C++ clients accept both), and
@@ -146,6 +147,7 @@ fn crc32c(data: &[u8]) -> u32 {
     })
 }
 
+#[cfg(test)]
 #[test]
 fn crc32c_matches_the_standard_check_value() {
     // The check value of CRC-32C for "123456789".

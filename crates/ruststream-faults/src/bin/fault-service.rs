@@ -1,0 +1,135 @@
+//! The service the fault tests run as a separate process and kill.
+//!
+//! `fault-service <transport> <url> <address> <group> <mode>`
+//!
+//! - transport: `core` (subject `address`, queue group `group`), `jetstream` (durable
+//!   consumer `group` on stream `address`, whose one subject is `address`),
+//!   `kafka-tracked` / `kafka-auto` (topic `address`, group `group`), `pulsar` (Shared
+//!   subscription `group` on topic `address`; `url` is the broker's `host:port`, reached
+//!   through the checksum relay).
+//! - mode: `ack` (ack at once), `slow` (work 50 ms, then ack), `hold` (the first attempt
+//!   asks `retry_after(3 s)`, later ones ack).
+//!
+//! Prints `ready` once its subscription is open, then per handler call
+//! `start <payload> <attempt>` on entry and `done <payload> <attempt>` (acked) or
+//! `held <payload> <attempt>` (retry_after asked) on return, one line each, on stdout.
+
+use std::io::Write;
+use std::time::Duration;
+
+use ruststream::core::Descriptor;
+use ruststream::{App, Delivery, HandlerOutcome, on};
+use ruststream_kafka::{Commit, Kafka};
+use ruststream_nats::Nats;
+use ruststream_pulsar::pulsar::ConsumerOptions;
+use ruststream_pulsar::pulsar::consumer::InitialPosition;
+use ruststream_pulsar::{Pulsar, SubType};
+
+/// How long `hold` asks the first attempt to wait.
+const HOLD: Duration = Duration::from_secs(3);
+
+#[derive(Clone, Copy)]
+enum Mode {
+    Ack,
+    Slow,
+    Hold,
+}
+
+fn say(line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+async fn handle(d: Delivery, mode: Mode) -> HandlerOutcome {
+    let payload = String::from_utf8_lossy(d.payload()).into_owned();
+    let attempt = d.attempt().number();
+    say(&format!("start {payload} {attempt}"));
+    match mode {
+        Mode::Ack => {}
+        Mode::Slow => tokio::time::sleep(Duration::from_millis(50)).await,
+        Mode::Hold if attempt == 1 => {
+            say(&format!("held {payload} {attempt}"));
+            return HandlerOutcome::retry_after(HOLD);
+        }
+        Mode::Hold => {}
+    }
+    say(&format!("done {payload} {attempt}"));
+    HandlerOutcome::ack()
+}
+
+async fn serve<D: Descriptor>(descriptor: D, mode: Mode) -> Result<(), Box<dyn std::error::Error>> {
+    let running = App::new()
+        .register(on(descriptor, move |d: Delivery| handle(d, mode)).lanes(4))
+        .start()
+        .await?;
+    say("ready");
+    running.wait().await;
+    Ok(())
+}
+
+fn kafka_topic(
+    url: &str,
+    topic: &str,
+    group: &str,
+    commit: Commit,
+) -> Result<ruststream_kafka::KafkaTopic, Box<dyn std::error::Error>> {
+    Ok(Kafka::connect(url)?
+        .topic(topic)
+        .group(group)
+        .commit(commit)
+        .set("auto.commit.interval.ms", "100")
+        .set("session.timeout.ms", "6000")
+        .set("heartbeat.interval.ms", "500"))
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    tracing_subscriber::fmt()
+        .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let args: Vec<String> = std::env::args().collect();
+    let [_, transport, url, address, group, mode] = args.as_slice() else {
+        return Err("usage: fault-service <transport> <url> <address> <group> <mode>".into());
+    };
+    let mode = match mode.as_str() {
+        "ack" => Mode::Ack,
+        "slow" => Mode::Slow,
+        "hold" => Mode::Hold,
+        other => return Err(format!("unknown mode `{other}`: ack, slow or hold").into()),
+    };
+    match transport.as_str() {
+        "core" => {
+            let nats = Nats::connect(url).await?;
+            serve(nats.subject(address).queue_group(group), mode).await
+        }
+        "jetstream" => {
+            let nats = Nats::connect(url).await?;
+            let consumer = nats
+                .consumer(address, group)
+                .filter_subject(address)
+                // Deliveries the killed service held come back after this.
+                .ack_wait(Duration::from_secs(5));
+            serve(consumer, mode).await
+        }
+        "kafka-tracked" => serve(kafka_topic(url, address, group, Commit::Tracked)?, mode).await,
+        "kafka-auto" => serve(kafka_topic(url, address, group, Commit::Auto)?, mode).await,
+        "pulsar" => {
+            let relay = ruststream_test_support::pulsar_relay::start(url.clone()).await;
+            let pulsar = Pulsar::connect(&format!("pulsar://{relay}")).await?;
+            let topic = pulsar
+                .topic(address)
+                .subscription(group)
+                .subscription_type(SubType::Shared)
+                .options(
+                    ConsumerOptions::default().with_initial_position(InitialPosition::Earliest),
+                );
+            serve(topic, mode).await
+        }
+        other => Err(format!(
+            "unknown transport `{other}`: core, jetstream, kafka-tracked, kafka-auto or pulsar"
+        )
+        .into()),
+    }
+}
