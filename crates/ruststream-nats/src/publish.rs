@@ -5,7 +5,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::context::PublishErrorKind as JsPublishErrorKind;
+use async_nats::jetstream::context::{
+    GetStreamByNameError, GetStreamByNameErrorKind, PublishErrorKind as JsPublishErrorKind,
+    RequestErrorKind as JsRequestErrorKind,
+};
 use async_nats::{Client, RequestErrorKind};
 use bytes::Bytes;
 use ruststream_core::{BoxFuture, Headers, Outgoing, Publish, PublishError, PublishErrorKind};
@@ -86,7 +89,13 @@ impl NatsPublisher {
 
     /// True when a JetStream stream captures `subject`. Asked of the server (a JetStream
     /// publish cannot probe it: a Core subscriber on the subject would receive the probe).
-    async fn in_stream(&self, subject: &str) -> bool {
+    ///
+    /// Only an answer is trusted (and kept for [`ROUTE_TTL`]): a stream named, none
+    /// matching, or no JetStream on the server. A question that went unanswered (the
+    /// server restarting, a timeout) is an error: taking it for "no stream" would publish
+    /// a JetStream-bound message (a dead letter, a retry copy) on Core NATS, where nothing
+    /// keeps it.
+    async fn in_stream(&self, subject: &str) -> Result<bool, PublishError> {
         let now = Instant::now();
         let cached = self
             .routes
@@ -96,15 +105,24 @@ impl NatsPublisher {
             .filter(|(_, at)| now.duration_since(*at) < ROUTE_TTL)
             .map(|(in_stream, _)| *in_stream);
         if let Some(in_stream) = cached {
-            return in_stream;
+            return Ok(in_stream);
         }
-        // Any failure (no stream matches, JetStream disabled) means a Core publish.
-        let in_stream = self.jetstream.stream_by_subject(subject).await.is_ok();
+        let in_stream = match self.jetstream.stream_by_subject(subject).await {
+            Ok(_) => true,
+            Err(e) if answered(&e) => false,
+            Err(e) => {
+                return Err(PublishError::new(
+                    subject,
+                    PublishErrorKind::Disconnected,
+                    format!("could not ask the server whether a stream captures the subject: {e}"),
+                ));
+            }
+        };
         self.routes
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .insert(subject.to_owned(), (in_stream, now));
-        in_stream
+        Ok(in_stream)
     }
 
     /// Publishes on Core NATS and waits until the server has it (a flush).
@@ -205,10 +223,33 @@ impl NatsPublisher {
     }
 }
 
+/// True when the failed "which stream captures this subject?" question was answered: no
+/// stream matches, the subject is invalid, the server answered with an error, or nothing
+/// serves JetStream on it (no responders). False when no answer came.
+fn answered(e: &GetStreamByNameError) -> bool {
+    match e.kind() {
+        GetStreamByNameErrorKind::Request => {
+            let Some(source) = std::error::Error::source(e)
+                .and_then(|s| s.downcast_ref::<async_nats::jetstream::context::RequestError>())
+            else {
+                return false;
+            };
+            match source.kind() {
+                JsRequestErrorKind::NoResponders => true,
+                // A server's error answer carries the JetStream error as its source.
+                JsRequestErrorKind::Other => std::error::Error::source(source)
+                    .is_some_and(|s| s.is::<async_nats::jetstream::Error>()),
+                _ => false,
+            }
+        }
+        _ => true,
+    }
+}
+
 impl Publish for NatsPublisher {
     fn publish(&self, message: Outgoing) -> BoxFuture<'_, Result<(), PublishError>> {
         Box::pin(async move {
-            if self.in_stream(&message.address).await {
+            if self.in_stream(&message.address).await? {
                 self.jetstream(&message.address, &message.headers, message.payload, None)
                     .await
                     .map(drop)

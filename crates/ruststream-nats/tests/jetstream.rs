@@ -453,3 +453,58 @@ async fn jetstream_publish_waits_for_the_ack_and_deduplicates_by_msg_id() {
     assert_eq!(second.sequence, first.sequence);
     assert_eq!(Setup::messages(&s.stream).await, 1);
 }
+
+/// A server that completes the handshake and answers pings, and answers nothing else:
+/// every JetStream API request to it goes unanswered.
+async fn silent_server() -> String {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let address = listener.local_addr().expect("address");
+    tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let (read, mut write) = socket.into_split();
+                let info = format!(
+                    "INFO {{\"server_id\":\"silent\",\"version\":\"2.15.1\",\"host\":\"127.0.0.1\",\"port\":{},\"headers\":true,\"max_payload\":1048576,\"proto\":1}}\r\n",
+                    address.port()
+                );
+                if write.write_all(info.as_bytes()).await.is_err() {
+                    return;
+                }
+                let mut lines = BufReader::new(read).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    if line.starts_with("PING") && write.write_all(b"PONG\r\n").await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    format!("nats://{address}")
+}
+
+/// N6: a dead letter (or any publish through the `Publish` contract) asks the server
+/// whether a stream captures its subject. When no answer comes, the publish fails (so
+/// the original is not settled) instead of going out on Core NATS, where nothing keeps
+/// it and a flush would have "confirmed" it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn n6_an_unanswered_stream_lookup_fails_the_publish() {
+    let nats = Nats::connect(&silent_server().await)
+        .await
+        .expect("the handshake completes");
+    let publisher = ruststream::Publisher::new(nats.publish_handle());
+    let sent = publisher
+        .publish(ruststream::Outgoing::new(
+            "orders.dead",
+            Bytes::from_static(b"letter"),
+        ))
+        .await;
+    let error = sent.expect_err("an unanswered lookup is not a Core publish");
+    assert_eq!(error.address, "orders.dead");
+    assert!(
+        error.detail.contains("whether a stream captures"),
+        "{error}"
+    );
+}

@@ -166,11 +166,13 @@ impl Descriptor for PulsarTopic {
             });
         }
         let consumer = builder
+            .clone()
             .build::<Vec<u8>>()
             .await
             .map_err(|e| SubscribeError::new(&self.address, e))?;
         Ok(PulsarSubscription::new(
             consumer,
+            builder,
             &self.address,
             self.counts(),
             declaration.max_attempts,

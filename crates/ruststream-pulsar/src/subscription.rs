@@ -8,7 +8,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use pulsar::TokioExecutor;
-use pulsar::consumer::Consumer;
+use pulsar::consumer::{Consumer, ConsumerBuilder};
 use pulsar::message::proto::MessageIdData;
 use ruststream_core::{
     AckError, Attempt, Delivery, Headers, Metadata, Settle, SubscribeError, Subscription,
@@ -59,7 +59,11 @@ impl Ord for Held {
 /// An open subscription. Only its driver task calls it, so every ack, nack and held
 /// redelivery is made by the driver task (P3).
 pub struct PulsarSubscription {
-    consumer: Consumer<Vec<u8>, TokioExecutor>,
+    /// None after the client's consumer stream ended (the connection died and the client
+    /// gave up on it): `next` subscribes again.
+    consumer: Option<Consumer<Vec<u8>, TokioExecutor>>,
+    /// How to subscribe again.
+    builder: ConsumerBuilder<TokioExecutor>,
     address: Arc<str>,
     counts: bool,
     max_attempts: Option<u32>,
@@ -79,12 +83,14 @@ impl std::fmt::Debug for PulsarSubscription {
 impl PulsarSubscription {
     pub(crate) fn new(
         consumer: Consumer<Vec<u8>, TokioExecutor>,
+        builder: ConsumerBuilder<TokioExecutor>,
         address: &str,
         counts: bool,
         max_attempts: Option<u32>,
     ) -> Self {
         Self {
-            consumer,
+            consumer: Some(consumer),
+            builder,
             address: Arc::from(address),
             counts,
             max_attempts,
@@ -103,6 +109,39 @@ impl PulsarSubscription {
         topic
     }
 
+    /// The consumer, subscribing again first when the last one's stream ended.
+    async fn consumer(&mut self) -> Result<&mut Consumer<Vec<u8>, TokioExecutor>, SubscribeError> {
+        let consumer = match self.consumer.take() {
+            Some(consumer) => consumer,
+            None => {
+                let consumer = self.builder.clone().build::<Vec<u8>>().await.map_err(|e| {
+                    SubscribeError::new(&*self.address, format!("subscribing again: {e}"))
+                })?;
+                tracing::info!(address = &*self.address, "subscribed again");
+                consumer
+            }
+        };
+        Ok(self.consumer.insert(consumer))
+    }
+
+    /// The consumer's stream ended: what it delivered and nobody acknowledged, the broker
+    /// delivers again to the next consumer, so the held waits are let go.
+    fn lost_consumer(&mut self) {
+        tracing::warn!(
+            address = &*self.address,
+            held = self.held.len(),
+            "the consumer's stream ended (connection lost); subscribing again"
+        );
+        self.consumer = None;
+        self.held.clear();
+    }
+
+    async fn settled(&mut self) -> Result<&mut Consumer<Vec<u8>, TokioExecutor>, AckError> {
+        self.consumer()
+            .await
+            .map_err(|e| AckError::Failed(e.to_string()))
+    }
+
     async fn nack(&mut self, receipt: PulsarReceipt) -> Result<(), AckError> {
         if self.max_attempts.is_some_and(|max| {
             self.attempts
@@ -112,7 +151,8 @@ impl PulsarSubscription {
             // The client's dead-letter policy takes it on its next arrival: stop counting.
             self.attempts.remove(&key(&receipt.id));
         }
-        self.consumer
+        self.settled()
+            .await?
             .nack_with_id(&receipt.topic, receipt.id)
             .await
             .map_err(|e| AckError::Failed(e.to_string()))
@@ -137,12 +177,21 @@ impl Subscription for PulsarSubscription {
                 continue;
             }
             let due = self.held.peek().map(|Reverse(h)| h.due);
-            let message = match due {
-                None => self.consumer.next().await?,
+            let consumer = match self.consumer().await {
+                Ok(consumer) => consumer,
+                // The driver logs it, pauses, and asks again.
+                Err(e) => return Some(Err(e)),
+            };
+            let next = match due {
+                None => consumer.next().await,
                 Some(due) => tokio::select! {
-                    message = self.consumer.next() => message?,
+                    message = consumer.next() => message,
                     () = tokio::time::sleep_until(due) => continue,
                 },
+            };
+            let Some(message) = next else {
+                self.lost_consumer();
+                continue;
             };
             let message = match message {
                 Ok(message) => message,
@@ -181,7 +230,8 @@ impl Subscription for PulsarSubscription {
             Settle::Nothing => Ok(()),
             Settle::Ack | Settle::Drop => {
                 self.attempts.remove(&key(&receipt.id));
-                self.consumer
+                self.settled()
+                    .await?
                     .ack_with_id(&receipt.topic, receipt.id)
                     .await
                     .map_err(|e| AckError::Failed(e.to_string()))
@@ -199,9 +249,12 @@ impl Subscription for PulsarSubscription {
         }
     }
 
-    async fn close(mut self) {
+    async fn close(self) {
+        let Some(mut consumer) = self.consumer else {
+            return;
+        };
         if let Err(e) =
-            tokio::time::timeout(std::time::Duration::from_secs(10), self.consumer.close()).await
+            tokio::time::timeout(std::time::Duration::from_secs(10), consumer.close()).await
         {
             tracing::warn!(address = &*self.address, error = %e, "closing the consumer timed out");
         }

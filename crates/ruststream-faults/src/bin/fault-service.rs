@@ -60,7 +60,11 @@ async fn handle(d: Delivery, mode: Mode) -> HandlerOutcome {
 
 async fn serve<D: Descriptor>(descriptor: D, mode: Mode) -> Result<(), Box<dyn std::error::Error>> {
     let running = App::new()
-        .register(on(descriptor, move |d: Delivery| handle(d, mode)).lanes(4))
+        .register(
+            on(descriptor, move |d: Delivery| handle(d, mode))
+                .name("fault-service")
+                .lanes(4),
+        )
         .start()
         .await?;
     say("ready");

@@ -162,7 +162,7 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
                     tokio::time::sleep(ERROR_PAUSE).await;
                 }
                 None => {
-                    tracing::info!(registration = &*shared.registration, "subscription ended");
+                    tracing::warn!(registration = &*shared.registration, "the subscription ended: this registration receives nothing more");
                     break;
                 }
             },

@@ -1,0 +1,344 @@
+//! Restart the broker twice while 10,000 messages flow from 4 publishers into a service
+//! running as a separate process (`fault-service`, acking everything): the service
+//! reconnects by itself, and every message whose publish the broker confirmed is handled.
+//!
+//! NATS and Pulsar run a broker process of this test's own (installed by scripts/test),
+//! SIGKILLed and started again on the same port and data directory. Kafka runs
+//! librdkafka's mock cluster: tansu keeps nothing across a restart (see brokers.md), so
+//! its one broker is taken down (connections cut, new ones refused) and brought up again,
+//! keeping its log and offsets.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use ruststream::core::Publish;
+use ruststream::{Headers, Outgoing};
+use ruststream_faults::{Report, Service, settle, soak, unique};
+use ruststream_kafka::Kafka;
+use ruststream_kafka::rdkafka::mocking::MockCluster;
+use ruststream_nats::Nats;
+use ruststream_nats::async_nats::jetstream::{self, stream};
+use ruststream_pulsar::Pulsar;
+use tokio::process::{Child, Command};
+
+const SERVICE: &str = env!("CARGO_BIN_EXE_fault-service");
+const PUBLISHERS: usize = 4;
+
+fn installed(name: &str) -> PathBuf {
+    let binary = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../.brokers/bin")
+        .join(name);
+    assert!(
+        binary.exists(),
+        "{} is missing: run the tests with scripts/test, which installs it",
+        binary.display()
+    );
+    binary
+}
+
+/// A port of this test's own (nextest runs each test in its own process).
+fn own_port(base: u16) -> u16 {
+    base + (std::process::id() % 10_000) as u16
+}
+
+async fn wait_listening(port: u16, name: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "{name} did not come up on {port}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A broker process started again on the same port and data directory.
+struct Process {
+    program: PathBuf,
+    args: Vec<String>,
+    port: u16,
+    child: Option<Child>,
+}
+
+impl Process {
+    async fn start(program: PathBuf, args: Vec<String>, port: u16) -> Self {
+        let mut process = Self {
+            program,
+            args,
+            port,
+            child: None,
+        };
+        process.up().await;
+        process
+    }
+
+    async fn up(&mut self) {
+        let child = Command::new(&self.program)
+            .args(&self.args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {}: {e}", self.program.display()));
+        self.child = Some(child);
+        wait_listening(self.port, &self.program.display().to_string()).await;
+    }
+
+    async fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().await.expect("SIGKILL the broker");
+        }
+    }
+}
+
+/// What the test restarts.
+enum Broker {
+    Process(Box<Process>),
+    Mock(MockCluster<'static, ruststream_kafka::rdkafka::producer::DefaultProducerContext>),
+}
+
+impl Broker {
+    async fn restart(&mut self) {
+        match self {
+            Self::Process(p) => {
+                p.kill().await;
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                p.up().await;
+            }
+            Self::Mock(cluster) => {
+                cluster.broker_down(1).expect("broker down");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                cluster.broker_up(1).expect("broker up");
+            }
+        }
+    }
+
+    async fn stop(&mut self) {
+        if let Self::Process(p) = self {
+            p.kill().await;
+        }
+    }
+}
+
+type Send =
+    Arc<dyn Fn(String) -> ruststream::core::BoxFuture<'static, bool> + Sync + std::marker::Send>;
+
+/// Sends messages, publisher by publisher, each until the broker confirms it; restarts
+/// the broker at a third and two thirds of them; returns the confirmed payloads.
+async fn flow(broker: &mut Broker, send: Send, messages: usize) -> BTreeSet<String> {
+    let confirmed: Arc<Mutex<BTreeSet<String>>> = Arc::default();
+    let mut publishers = Vec::new();
+    for p in 0..PUBLISHERS {
+        let (send, confirmed) = (Arc::clone(&send), Arc::clone(&confirmed));
+        publishers.push(tokio::spawn(async move {
+            for i in 0..messages / PUBLISHERS {
+                let id = format!("{p}-{i}");
+                let deadline = Instant::now() + Duration::from_secs(120);
+                while !send(id.clone()).await {
+                    assert!(Instant::now() < deadline, "publishing {id} never succeeded");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                confirmed
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(id);
+            }
+        }));
+    }
+    for restart in 1..=2 {
+        let target = restart * messages / 3;
+        let deadline = Instant::now() + Duration::from_secs(180);
+        while confirmed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+            < target
+        {
+            assert!(
+                Instant::now() < deadline,
+                "publishing stalled before restart {restart}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        broker.restart().await;
+    }
+    for publisher in publishers {
+        publisher.await.expect("publisher finished");
+    }
+    let confirmed = confirmed
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    assert_eq!(confirmed.len(), messages);
+    confirmed
+}
+
+/// Runs the whole test: the service, the flow, two restarts, the count.
+async fn two_restarts(label: &str, how: &str, mut broker: Broker, service: &[&str], send: Send) {
+    let messages = 10_000 * soak();
+    let mut service = Service::spawn(SERVICE, service);
+    service
+        .until(Duration::from_secs(30), "ready", |t| t.ready)
+        .await;
+    let published = flow(&mut broker, send, messages).await;
+    settle(&mut service, &published, &[], Duration::from_secs(180)).await;
+    let report = Report {
+        published,
+        lives: vec![service.kill().await],
+    };
+    broker.stop().await;
+    report.print(
+        label,
+        &format!("{messages} messages from {PUBLISHERS} publishers, {how} twice"),
+        "",
+    );
+    assert_eq!(report.lost(), 0, "confirmed messages were never handled");
+}
+
+fn data_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(unique(name));
+    std::fs::create_dir_all(&dir).expect("data directory");
+    dir
+}
+
+fn path(p: &Path) -> String {
+    p.display().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jetstream_two_server_restarts_lose_no_confirmed_message() {
+    let port = own_port(20_000);
+    let data = data_dir("nats-restart");
+    let broker = Process::start(
+        installed("nats-server"),
+        vec![
+            "-a".into(),
+            "127.0.0.1".into(),
+            "-p".into(),
+            port.to_string(),
+            "-js".into(),
+            "-sd".into(),
+            path(&data),
+        ],
+        port,
+    )
+    .await;
+    let url = format!("nats://127.0.0.1:{port}");
+    let nats = Nats::connect(&url).await.expect("connect");
+    let subject = "RESTART";
+    jetstream::new(nats.client().clone())
+        .create_stream(stream::Config {
+            name: subject.into(),
+            subjects: vec![subject.into()],
+            ..Default::default()
+        })
+        .await
+        .expect("stream");
+    let publisher = nats.publisher();
+    let send: Send = Arc::new(move |id: String| {
+        let publisher = publisher.clone();
+        Box::pin(async move {
+            // Nats-Msg-Id: a publish repeated after a lost acknowledgement is stored once.
+            publisher
+                .jetstream(subject, &Headers::new(), Bytes::from(id.clone()), Some(&id))
+                .await
+                .is_ok()
+        })
+    });
+    two_restarts(
+        "NATS JetStream",
+        "nats-server SIGKILLed and restarted",
+        Broker::Process(Box::new(broker)),
+        &["jetstream", &url, subject, "worker", "ack"],
+        send,
+    )
+    .await;
+    let _ = std::fs::remove_dir_all(&data);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pulsar_two_broker_restarts_lose_no_confirmed_message() {
+    let port = own_port(30_000);
+    let data = data_dir("pulsar-restart");
+    let config = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.brokers/pulsar-lite.toml");
+    let broker = Process::start(
+        installed("pulsar-lite"),
+        vec![
+            "--config".into(),
+            path(&config),
+            "--addr".into(),
+            format!("127.0.0.1:{port}"),
+            "--db-path".into(),
+            path(&data),
+        ],
+        port,
+    )
+    .await;
+    let address = format!("127.0.0.1:{port}");
+    let relay = ruststream_test_support::pulsar_relay::start(address.clone()).await;
+    let pulsar = Pulsar::connect(&format!("pulsar://{relay}"))
+        .await
+        .expect("connect through the relay");
+    let topic = format!("persistent://public/default/{}", unique("restart"));
+    let publisher = Arc::new(pulsar.publisher());
+    let send: Send = {
+        let topic = topic.clone();
+        Arc::new(move |id: String| {
+            let (publisher, topic) = (Arc::clone(&publisher), topic.clone());
+            Box::pin(async move {
+                publisher
+                    .publish(Outgoing::new(topic, Bytes::from(id)))
+                    .await
+                    .is_ok()
+            })
+        })
+    };
+    two_restarts(
+        "Pulsar Shared",
+        "pulsar-lite SIGKILLed and restarted",
+        Broker::Process(Box::new(broker)),
+        &["pulsar", &address, &topic, "worker", "ack"],
+        send,
+    )
+    .await;
+    let _ = std::fs::remove_dir_all(&data);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_tracked_two_broker_outages_lose_no_confirmed_message() {
+    let cluster = MockCluster::new(1).expect("mock cluster");
+    let topic = unique("restart");
+    cluster
+        .create_topic(&topic, 1, 1)
+        .expect("topic on the mock cluster");
+    let url = cluster.bootstrap_servers();
+    let kafka = Kafka::connect(&url).expect("client");
+    let publisher = kafka.publisher();
+    let send: Send = {
+        let topic = topic.clone();
+        Arc::new(move |id: String| {
+            let (publisher, topic) = (publisher.clone(), topic.clone());
+            Box::pin(async move {
+                publisher
+                    .send(&topic, None, &Headers::new(), id.as_bytes(), None)
+                    .await
+                    .is_ok()
+            })
+        })
+    };
+    two_restarts(
+        "Kafka Commit::Tracked",
+        "the broker (librdkafka mock cluster) taken down and brought up",
+        Broker::Mock(cluster),
+        &["kafka-tracked", &url, &topic, &unique("g"), "ack"],
+        send,
+    )
+    .await;
+}
