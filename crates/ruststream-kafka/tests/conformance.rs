@@ -45,6 +45,10 @@ impl Bed for Topics {
     fn keys(&self) -> bool {
         true
     }
+
+    fn label(&self) -> String {
+        format!("Kafka Commit::{:?}", self.commit)
+    }
 }
 
 mod tracked {

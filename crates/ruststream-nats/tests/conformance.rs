@@ -34,6 +34,10 @@ impl Bed for Core {
     fn keys(&self) -> bool {
         false
     }
+
+    fn label(&self) -> String {
+        "NATS Core".into()
+    }
 }
 
 struct JetStream(Nats);
@@ -64,6 +68,10 @@ impl Bed for JetStream {
 
     fn keys(&self) -> bool {
         false
+    }
+
+    fn label(&self) -> String {
+        "NATS JetStream".into()
     }
 }
 

@@ -43,6 +43,10 @@ impl Bed for Topics {
     fn keys(&self) -> bool {
         true
     }
+
+    fn label(&self) -> String {
+        format!("Pulsar {:?}", self.sub_type)
+    }
 }
 
 mod shared {
@@ -55,7 +59,7 @@ mod shared {
     ruststream::conformance_tests!(bed(), keys);
 }
 
-/// Every scenario but the two that retry up to the cap: pulsar-lite's KeyShared
+/// Every scenario but the three that retry up to the cap: pulsar-lite's KeyShared
 /// dispatcher redelivers a message once after a negative acknowledgement, but not a
 /// second time, so the third attempt never comes (on Shared it does; `p5_…` in
 /// `pulsar.rs` checks the cap there).
@@ -68,6 +72,7 @@ mod key_shared {
     }
     ruststream::conformance_tests!(@each bed();
         round_trip, ack_is_final, retry_is_the_next_attempt, retry_after_waits,
-        stop_drains_and_settles, lanes_keep_per_key_order, undecodable_is_dead_lettered,
-        empty_and_large_payloads_arrive_intact, a_panic_is_a_failed_attempt);
+        e3_stop_drains_and_settles, lanes_keep_per_key_order, e1_undecodable_is_dead_lettered,
+        empty_and_large_payloads_arrive_intact, e2_a_panic_is_a_failed_attempt, drop_is_final,
+        competing_consumers_share_the_work, e4_broken_registrations_are_all_refused);
 }

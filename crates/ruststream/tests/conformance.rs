@@ -43,6 +43,14 @@ impl Bed for Memory {
     fn keys(&self) -> bool {
         true
     }
+
+    fn label(&self) -> String {
+        if self.runtime_retries {
+            "memory broker, runtime retries".into()
+        } else {
+            "memory broker".into()
+        }
+    }
 }
 
 mod native {

@@ -8,7 +8,10 @@
 //! `retry_after` comes back no earlier than its delay; at the cap the handler has run
 //! exactly `max_attempts` times and exactly one dead letter with the original payload
 //! and headers exists; `lanes(n)` keeps per-key order; a stop lets the running handler
-//! finish and settles it.
+//! finish and settles it; `drop()` is final; two members of a group share the work;
+//! broken registrations are refused all at once. Bad input (an undecodable payload,
+//! forged retry counts, empty and large payloads, hostile header values) never crashes
+//! the service, loses nothing, and prints a `RELIABILITY|…` line for RELIABILITY.md.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -40,6 +43,10 @@ pub trait Bed: Send + Sync + 'static {
 
     /// Whether the broker carries a message key.
     fn keys(&self) -> bool;
+
+    /// The transport's name in the `RELIABILITY|…` lines the bad-input scenarios print
+    /// (collected into RELIABILITY.md by `scripts/reliability`).
+    fn label(&self) -> String;
 }
 
 /// What handlers saw, shared with the test.
@@ -105,6 +112,14 @@ async fn publish(
     if let Err(e) = bed.publisher().publish(message).await {
         panic!("publishing to `{address}`: {e}");
     }
+}
+
+/// Prints a `RELIABILITY|…` line for `scripts/reliability`.
+fn reliability(bed: &impl Bed, tried: &str, lost: &str, duplicated: &str, dead: &str) {
+    println!(
+        "RELIABILITY|{}|bad input: {tried}|{lost}|{duplicated} handled twice|{dead}",
+        bed.label()
+    );
 }
 
 /// Payload, headers and (where the broker has keys) the key arrive as published.
@@ -358,7 +373,7 @@ pub async fn lanes_keep_per_key_order(bed: impl Bed) {
 }
 
 /// A stop lets the running handler finish, and settles it: the next app does not see it.
-pub async fn stop_drains_and_settles(bed: impl Bed) {
+pub async fn e3_stop_drains_and_settles(bed: impl Bed) {
     let address = bed.address().await;
     let log = Log::default();
     let finished = Arc::new(Mutex::new(false));
@@ -399,7 +414,7 @@ pub async fn stop_drains_and_settles(bed: impl Bed) {
 
 /// E1: a payload the handler's codec cannot decode never reaches the handler and goes to
 /// the dead letter unchanged.
-pub async fn undecodable_is_dead_lettered(bed: impl Bed) {
+pub async fn e1_undecodable_is_dead_lettered(bed: impl Bed) {
     let address = bed.address().await;
     let dead = bed.address().await;
     let (decoded, letters) = (Log::default(), Log::default());
@@ -454,6 +469,13 @@ pub async fn undecodable_is_dead_lettered(bed: impl Bed) {
         b"{\"fine\": true}",
         "the handler saw only the good one"
     );
+    reliability(
+        &bed,
+        "an undecodable JSON payload next to a good one",
+        "lost 0 of 2",
+        "0",
+        "1 dead-lettered (the undecodable one, byte-identical)",
+    );
     app.stop().await;
 }
 
@@ -487,6 +509,13 @@ pub async fn forged_retry_counts_end_in_one_dead_letter(bed: impl Bed) {
             .count();
         assert!((1..=3).contains(&runs), "`{value}` ran {runs} times");
     }
+    reliability(
+        &bed,
+        "3 forged retry-count headers (-1, banana, 2^66), always retried under max_attempts(3)",
+        "lost 0 of 3",
+        "0",
+        "3 dead-lettered (one each)",
+    );
     app.stop().await;
 }
 
@@ -514,12 +543,19 @@ pub async fn empty_and_large_payloads_arrive_intact(bed: impl Bed) {
         log.all().iter().any(|(d, _)| d.payload()[..] == large[..]),
         "the large payload is byte-identical"
     );
+    reliability(
+        &bed,
+        "an empty and a 256 KiB payload",
+        "lost 0 of 2",
+        "0",
+        "0 dead-lettered",
+    );
     app.stop().await;
 }
 
 /// E2: a panicking handler is a failed attempt: under a declaration the delivery comes
 /// back as the next attempt, and the service goes on.
-pub async fn a_panic_is_a_failed_attempt(bed: impl Bed) {
+pub async fn e2_a_panic_is_a_failed_attempt(bed: impl Bed) {
     let address = bed.address().await;
     let dead = bed.address().await;
     let log = Log::default();
@@ -560,12 +596,209 @@ pub async fn a_panic_is_a_failed_attempt(bed: impl Bed) {
     app.stop().await;
 }
 
+/// `drop()` is final: the delivery is not delivered again, to this app or the next one,
+/// and makes no dead letter, even under a declaration.
+pub async fn drop_is_final(bed: impl Bed) {
+    let address = bed.address().await;
+    let dead = bed.address().await;
+    let (runs, letters) = (Log::default(), Log::default());
+    let app = |runs: Log, letters: Log| {
+        App::new()
+            .register(
+                on(
+                    bed.subscribe(&address, "suite"),
+                    recorder(runs, |_| HandlerOutcome::drop()),
+                )
+                .name("work")
+                .max_attempts(3)
+                .dead_letter(&dead),
+            )
+            .register(
+                on(
+                    bed.subscribe(&dead, "suite-dead"),
+                    recorder(letters, |_| HandlerOutcome::ack()),
+                )
+                .name("dead"),
+            )
+            .start()
+    };
+    let first = app(runs.clone(), letters.clone()).await.expect("start");
+    tokio::time::sleep(bed.warm_up()).await;
+    publish(&bed, &address, None, &[], b"unwanted").await;
+    until(Duration::from_secs(30), "delivered", || runs.len() == 1).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    first.stop().await;
+    let second = app(runs.clone(), letters.clone()).await.expect("restart");
+    tokio::time::sleep(bed.warm_up() + Duration::from_secs(1)).await;
+    assert_eq!(runs.len(), 1, "a drop is final");
+    assert_eq!(letters.len(), 0, "a drop makes no dead letter");
+    second.stop().await;
+}
+
+/// Two apps in one group share the work: every message is handled, and only once.
+pub async fn competing_consumers_share_the_work(bed: impl Bed) {
+    let address = bed.address().await;
+    let (one, two) = (Log::default(), Log::default());
+    let member = |log: Log| {
+        App::new()
+            .register(on(
+                bed.subscribe(&address, "suite"),
+                recorder(log, |_| HandlerOutcome::ack()),
+            ))
+            .start()
+    };
+    let first = member(one.clone()).await.expect("start the first member");
+    tokio::time::sleep(bed.warm_up()).await;
+    let second = member(two.clone()).await.expect("start the second member");
+    // The second member joining may move work (a Kafka rebalance): let it settle.
+    tokio::time::sleep(bed.warm_up() * 2).await;
+    let n = 40;
+    for i in 0..n {
+        let key = format!("key-{i}");
+        publish(&bed, &address, Some(&key), &[], key.as_bytes()).await;
+    }
+    until(Duration::from_secs(60), "all handled", || {
+        one.len() + two.len() >= n
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut payloads: Vec<Vec<u8>> = one
+        .all()
+        .iter()
+        .chain(two.all().iter())
+        .map(|(d, _)| d.payload().to_vec())
+        .collect();
+    payloads.sort();
+    let total = payloads.len();
+    payloads.dedup();
+    assert_eq!(payloads.len(), n, "every message handled");
+    assert_eq!(total, n, "no message handled by both members");
+    first.stop().await;
+    second.stop().await;
+}
+
+/// E4: a start with several broken registrations fails, listing each with its address
+/// and the rule it breaks.
+pub async fn e4_broken_registrations_are_all_refused(bed: impl Bed) {
+    let address = bed.address().await;
+    let log = Log::default();
+    let refused = App::new()
+        .register(
+            on(
+                bed.subscribe(&address, "suite"),
+                recorder(log.clone(), |_| HandlerOutcome::ack()),
+            )
+            .name("no-attempts")
+            .max_attempts(0),
+        )
+        .register(
+            on(
+                bed.subscribe(&address, "suite"),
+                recorder(log.clone(), |_| HandlerOutcome::ack()),
+            )
+            .name("dead-letters-to-itself")
+            .dead_letter(&address),
+        )
+        .start()
+        .await;
+    let Err(error) = refused else {
+        panic!("an app with broken registrations started");
+    };
+    let text = error.to_string();
+    for name in ["no-attempts", "dead-letters-to-itself"] {
+        assert!(text.contains(name), "`{name}` is not named in: {text}");
+    }
+    assert!(
+        text.contains(&address),
+        "the address is not named in: {text}"
+    );
+    assert!(text.contains("max_attempts"), "{text}");
+    assert!(text.contains("dead-letter"), "{text}");
+    assert_eq!(log.len(), 0, "no handler ran");
+}
+
+/// Header values a careless or hostile producer may send (not UTF-8, a line break that
+/// would inject another header, 16 KiB long, a non-ASCII name): each is either refused
+/// by the publisher with the header named, or arrives byte-identical, and its dead
+/// letter too. Nothing crashes; nothing is altered silently.
+pub async fn hostile_headers_arrive_intact_or_are_refused_by_name(bed: impl Bed) {
+    let (app, address, runs, letters) = always_retry_to_dead_letter(&bed).await;
+    let long = "x".repeat(16 * 1024);
+    let hostile: [(&str, &str, &[u8]); 4] = [
+        ("not-utf8", "binary", b"\xff\xfe\x00\x01"),
+        ("line-break", "injected", b"a\r\nInjected: 1"),
+        ("long", "long", long.as_bytes()),
+        ("non-ascii-name", "n\u{e4}me", b"value"),
+    ];
+    let mut accepted = Vec::new();
+    let mut refused = Vec::new();
+    for (label, name, value) in hostile {
+        let mut message = Outgoing::new(&address, Bytes::from_static(label.as_bytes()));
+        message.headers = [(name, Bytes::copy_from_slice(value))]
+            .into_iter()
+            .collect::<Headers>();
+        match bed.publisher().publish(message).await {
+            Ok(()) => accepted.push((label, name, value)),
+            Err(e) => {
+                let text = e.to_string();
+                assert!(
+                    text.contains(name),
+                    "refusing `{label}` must name the header `{name}`: {text}"
+                );
+                refused.push(label);
+            }
+        }
+    }
+    until(
+        Duration::from_secs(60),
+        "a dead letter for each accepted one",
+        || letters.len() == accepted.len(),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        letters.len(),
+        accepted.len(),
+        "exactly one dead letter each"
+    );
+    for (label, name, value) in &accepted {
+        let arrived = |log: &Log| {
+            log.all()
+                .into_iter()
+                .filter(|(d, _)| &d.payload()[..] == label.as_bytes())
+                .map(|(d, _)| d.headers().get(name).map(|v| v.to_vec()))
+                .collect::<Vec<_>>()
+        };
+        let runs = arrived(&runs);
+        assert!(!runs.is_empty(), "`{label}` was never handled");
+        for seen in runs.iter().chain(arrived(&letters).iter()) {
+            assert_eq!(seen.as_deref(), Some(*value), "`{label}` arrived altered");
+        }
+    }
+    reliability(
+        &bed,
+        "4 hostile header values (not UTF-8, CRLF injection, 16 KiB, non-ASCII name)",
+        &format!(
+            "lost 0 of {} accepted; refused by name at publish: {}",
+            accepted.len(),
+            if refused.is_empty() {
+                "none".to_owned()
+            } else {
+                refused.join(", ")
+            }
+        ),
+        "0",
+        &format!("{} dead-lettered (headers byte-identical)", accepted.len()),
+    );
+    app.stop().await;
+}
+
 /// Writes one `#[tokio::test]` per scenario for the bed `$bed` (an expression, awaited
 /// inside each test). `keys` also writes the per-key order scenario.
 #[macro_export]
 macro_rules! conformance_tests {
     ($bed:expr) => {
-        $crate::conformance_tests!(@each $bed; round_trip, ack_is_final, retry_is_the_next_attempt, retry_after_waits, cap_and_dead_letter, stop_drains_and_settles, undecodable_is_dead_lettered, forged_retry_counts_end_in_one_dead_letter, empty_and_large_payloads_arrive_intact, a_panic_is_a_failed_attempt);
+        $crate::conformance_tests!(@each $bed; round_trip, ack_is_final, retry_is_the_next_attempt, retry_after_waits, cap_and_dead_letter, e3_stop_drains_and_settles, e1_undecodable_is_dead_lettered, forged_retry_counts_end_in_one_dead_letter, empty_and_large_payloads_arrive_intact, e2_a_panic_is_a_failed_attempt, drop_is_final, competing_consumers_share_the_work, e4_broken_registrations_are_all_refused, hostile_headers_arrive_intact_or_are_refused_by_name);
     };
     ($bed:expr, keys) => {
         $crate::conformance_tests!($bed);
