@@ -33,6 +33,18 @@
 //!     .await?;
 //! # Ok(()) }
 //! ```
+//!
+//! # What it cannot promise (measured in RELIABILITY.md)
+//!
+//! - `Commit::Auto`: librdkafka stores each offset when it hands the record over (K2), so
+//!   records in flight at a crash, and retry copies waiting in `retry_after` (K7), are
+//!   lost. `Commit::Tracked` loses neither (the position waits for them).
+//! - Every commit mode but `Transactional` is at-least-once: after a crash, a rebalance or
+//!   a broker outage some records are handled twice.
+//! - On tansu (the broker the tests use) aborted transactions stay visible to
+//!   `read_committed` readers, so the exactly-once read (K6) is checked only against a
+//!   real Kafka (`RUSTSTREAM_REAL_KAFKA_BROKERS`); tansu also keeps nothing across a
+//!   restart, so the broker-restart fault test uses librdkafka's mock cluster.
 
 mod close;
 mod config;

@@ -152,10 +152,26 @@ impl Descriptor for JetStreamConsumer {
 
     async fn open(
         self,
-        _declaration: &Declaration,
+        declaration: &Declaration,
     ) -> Result<JetStreamSubscription, SubscribeError> {
         let address = self.address().to_owned();
         let jetstream = async_nats::jetstream::new(self.client.clone());
+        if let Some(dead) = declaration.dead_letter.as_deref() {
+            // A dead-letter subject no stream captures is published on Core NATS, where
+            // nothing keeps a letter nobody is listening for at that moment.
+            if let Err(e) = jetstream.stream_by_subject(dead).await
+                && matches!(
+                    e.kind(),
+                    async_nats::jetstream::context::GetStreamByNameErrorKind::NotFound
+                )
+            {
+                tracing::warn!(
+                    address = &*address,
+                    dead_letter = dead,
+                    "no JetStream stream captures the dead-letter subject: dead letters will go out on Core NATS and are kept only if a subscriber listens"
+                );
+            }
+        }
         let stream = jetstream.get_stream(&self.stream).await.map_err(|e| {
             SubscribeError::new(
                 &address,

@@ -43,6 +43,21 @@
 //!     .await?;
 //! # Ok(()) }
 //! ```
+//!
+//! # What it cannot promise (measured in RELIABILITY.md)
+//!
+//! - Core NATS is at-most-once (N2): a message the process received and had not finished
+//!   when it died is gone (the fault test measures about three quarters of a 200-message
+//!   batch lost when the service is SIGKILLed a quarter of the way through), and a retry
+//!   copy waiting for its delay dies with the process (N8). A graceful stop publishes
+//!   waiting copies early instead.
+//! - JetStream is at-least-once: after a crash or a server restart some messages are
+//!   handled twice; make handlers idempotent.
+//! - NATS headers are text: a value that is not UTF-8 or holds a line break, or a name
+//!   NATS cannot carry, is refused at publish with the header named.
+//! - A publish through the `Publish` contract asks the server which stream captures the
+//!   subject; when no answer comes (the server restarting), the publish fails rather
+//!   than going out on Core NATS, so the original stays unsettled and comes back.
 
 mod core;
 mod headers;

@@ -46,6 +46,17 @@
 //!     .await?;
 //! # Ok(()) }
 //! ```
+//!
+//! # What it cannot promise (measured in RELIABILITY.md)
+//!
+//! - At-least-once: after a crash or a broker restart some messages are handled twice.
+//! - Properties are text: a header value that is not UTF-8 is refused at publish, named.
+//! - Exclusive and Failover subscriptions count no attempts (P4) and take no cap (P6).
+//! - A `retry_after` wait lives in the process (P1): a crash loses the wait, not the
+//!   message, which the broker delivers again once the connection is gone (P7).
+//! - When the client's consumer stream ends (its connection died, e.g. a broker restart),
+//!   the subscription subscribes again by itself, retrying while the broker is away;
+//!   deliveries the old consumer held come back from the broker.
 
 mod descriptor;
 mod publish;

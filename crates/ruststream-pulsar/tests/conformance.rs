@@ -1,5 +1,5 @@
-//! The behaviour suite on Pulsar Shared and KeyShared subscriptions, against
-//! pulsar-lite (through the test relay).
+//! The behaviour suite on Pulsar Shared, KeyShared, Exclusive and Failover
+//! subscriptions, against pulsar-lite (through the test relay).
 
 mod common;
 
@@ -75,4 +75,32 @@ mod key_shared {
         e3_stop_drains_and_settles, lanes_keep_per_key_order, e1_undecodable_is_dead_lettered,
         empty_and_large_payloads_arrive_intact, e2_a_panic_is_a_failed_attempt, drop_is_final,
         competing_consumers_share_the_work, e4_broken_registrations_are_all_refused);
+}
+
+/// The scenarios that neither retry nor cap: Exclusive and Failover count no attempts (P4)
+/// and refuse a cap (P6), and pulsar-lite does not act on a nack on them; `pulsar.rs`
+/// checks P4 and P6 there.
+mod exclusive {
+    async fn bed() -> super::Topics {
+        super::Topics {
+            pulsar: super::pulsar().await,
+            sub_type: super::SubType::Exclusive,
+        }
+    }
+    ruststream::conformance_tests!(@each bed();
+        round_trip, ack_is_final, e3_stop_drains_and_settles, lanes_keep_per_key_order,
+        empty_and_large_payloads_arrive_intact, e4_broken_registrations_are_all_refused);
+}
+
+/// As for Exclusive.
+mod failover {
+    async fn bed() -> super::Topics {
+        super::Topics {
+            pulsar: super::pulsar().await,
+            sub_type: super::SubType::Failover,
+        }
+    }
+    ruststream::conformance_tests!(@each bed();
+        round_trip, ack_is_final, e3_stop_drains_and_settles, lanes_keep_per_key_order,
+        empty_and_large_payloads_arrive_intact, e4_broken_registrations_are_all_refused);
 }
