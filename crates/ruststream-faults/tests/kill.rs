@@ -53,13 +53,13 @@ async fn target(transport: &'static str) -> Target {
                 Some(nats),
             )
         }
-        "kafka-tracked" | "kafka-auto" => {
+        "kafka-tracked" | "kafka-auto" | "kafka-transactional" => {
             let url = kafka::brokers();
             let client = Kafka::connect(&url).expect("Kafka client");
-            let label = if transport == "kafka-auto" {
-                "Kafka Commit::Auto"
-            } else {
-                "Kafka Commit::Tracked"
+            let label = match transport {
+                "kafka-auto" => "Kafka Commit::Auto",
+                "kafka-transactional" => "Kafka Commit::Transactional",
+                _ => "Kafka Commit::Tracked",
             };
             (
                 label,
@@ -338,4 +338,16 @@ async fn p7_pulsar_sigkill_during_retry_after_loses_nothing() {
     // The held message was never acknowledged; the broker redelivers it once the
     // connection is gone.
     assert_eq!(kill_during_retry_after("pulsar", "").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn k6_transactional_sigkill_while_handlers_run_loses_nothing() {
+    // The killed window never committed its offsets: it is read again after the restart.
+    assert_eq!(kill_while_handlers_run("kafka-transactional", "").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn k7_transactional_sigkill_during_retry_after_loses_nothing() {
+    // A record waiting for its retry copy holds the window's position back.
+    assert_eq!(kill_during_retry_after("kafka-transactional", "").await, 0);
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use common::{create_topic, kafka, unique};
 use ruststream::Publisher;
 use ruststream::conformance::Bed;
-use ruststream_kafka::{Commit, Kafka, KafkaTopic};
+use ruststream_kafka::{Commit, EosPipeline, Kafka, KafkaTopic};
 
 struct Topics {
     kafka: Kafka,
@@ -24,8 +24,14 @@ impl Bed for Topics {
     }
 
     fn subscribe(&self, address: &str, group: &str) -> KafkaTopic {
-        self.kafka
-            .topic(address)
+        let topic = self.kafka.topic(address);
+        // A transactional subscription commits through a pipeline of its own.
+        let topic = if self.commit == Commit::Transactional {
+            topic.pipeline(&EosPipeline::new(&self.kafka, unique("suite-tx")))
+        } else {
+            topic
+        };
+        topic
             .group(format!("{address}-{group}"))
             .commit(self.commit)
             .set("auto.commit.interval.ms", "100")
@@ -66,6 +72,19 @@ mod auto {
         super::Topics {
             kafka: super::kafka().await,
             commit: ruststream_kafka::Commit::Auto,
+        }
+    }
+    ruststream::conformance_tests!(bed(), keys);
+}
+
+/// Every scenario: with a declaration, retries and dead letters are copies produced
+/// inside the window's transaction (K7), so nothing aborts; K6's abort-and-reread is
+/// checked in `eos.rs`.
+mod transactional {
+    async fn bed() -> super::Topics {
+        super::Topics {
+            kafka: super::kafka().await,
+            commit: ruststream_kafka::Commit::Transactional,
         }
     }
     ruststream::conformance_tests!(bed(), keys);

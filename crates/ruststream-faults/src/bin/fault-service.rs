@@ -4,7 +4,8 @@
 //!
 //! - transport: `core` (subject `address`, queue group `group`), `jetstream` (durable
 //!   consumer `group` on stream `address`, whose one subject is `address`),
-//!   `kafka-tracked` / `kafka-auto` (topic `address`, group `group`), `pulsar` (Shared
+//!   `kafka-tracked` / `kafka-auto` / `kafka-transactional` (topic `address`, group
+//!   `group`; the exactly-once pipeline's id is `<group>-tx`), `pulsar` (Shared
 //!   subscription `group` on topic `address`; `url` is the broker's `host:port`, reached
 //!   through the checksum relay).
 //! - mode: `ack` (ack at once), `slow` (work 50 ms, then ack), `hold` (the first attempt
@@ -19,7 +20,7 @@ use std::time::Duration;
 
 use ruststream::core::Descriptor;
 use ruststream::{App, Delivery, HandlerOutcome, on};
-use ruststream_kafka::{Commit, Kafka};
+use ruststream_kafka::{Commit, EosPipeline, Kafka};
 use ruststream_nats::Nats;
 use ruststream_pulsar::pulsar::ConsumerOptions;
 use ruststream_pulsar::pulsar::consumer::InitialPosition;
@@ -119,6 +120,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         "kafka-tracked" => serve(kafka_topic(url, address, group, Commit::Tracked)?, mode).await,
         "kafka-auto" => serve(kafka_topic(url, address, group, Commit::Auto)?, mode).await,
+        "kafka-transactional" => {
+            // The same transactional id in every life: a new life fences the killed one.
+            let kafka = Kafka::connect(url)?;
+            let pipeline = EosPipeline::new(&kafka, format!("{group}-tx"));
+            let topic = kafka_topic(url, address, group, Commit::Transactional)?.pipeline(&pipeline);
+            serve(topic, mode).await
+        }
         "pulsar" => {
             let relay = ruststream_test_support::pulsar_relay::start(url.clone()).await;
             let pulsar = Pulsar::connect(&format!("pulsar://{relay}")).await?;
@@ -132,7 +140,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             serve(topic, mode).await
         }
         other => Err(format!(
-            "unknown transport `{other}`: core, jetstream, kafka-tracked, kafka-auto or pulsar"
+            "unknown transport `{other}`: core, jetstream, kafka-tracked, kafka-auto, kafka-transactional or pulsar"
         )
         .into()),
     }
