@@ -15,6 +15,9 @@ use ruststream_core::{
 };
 use tokio::time::Instant;
 
+/// The shortest time between two subscriptions of one registration.
+const RESUBSCRIBE_PAUSE: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The topic and id of one delivery.
 #[derive(Debug, Clone)]
 pub struct PulsarReceipt {
@@ -64,6 +67,9 @@ pub struct PulsarSubscription {
     consumer: Option<Consumer<Vec<u8>, TokioExecutor>>,
     /// How to subscribe again.
     builder: ConsumerBuilder<TokioExecutor>,
+    /// When the last consumer was built: a stream that keeps ending (a terminated topic)
+    /// is subscribed to again at most once a second.
+    subscribed_at: Instant,
     address: Arc<str>,
     counts: bool,
     max_attempts: Option<u32>,
@@ -91,6 +97,7 @@ impl PulsarSubscription {
         Self {
             consumer: Some(consumer),
             builder,
+            subscribed_at: Instant::now(),
             address: Arc::from(address),
             counts,
             max_attempts,
@@ -114,6 +121,8 @@ impl PulsarSubscription {
         let consumer = match self.consumer.take() {
             Some(consumer) => consumer,
             None => {
+                tokio::time::sleep_until(self.subscribed_at + RESUBSCRIBE_PAUSE).await;
+                self.subscribed_at = Instant::now();
                 let consumer = self.builder.clone().build::<Vec<u8>>().await.map_err(|e| {
                     SubscribeError::new(&*self.address, format!("subscribing again: {e}"))
                 })?;

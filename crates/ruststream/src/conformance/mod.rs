@@ -9,7 +9,9 @@
 //! exactly `max_attempts` times and exactly one dead letter with the original payload
 //! and headers exists; `lanes(n)` keeps per-key order; a stop lets the running handler
 //! finish and settles it; `drop()` is final; two members of a group share the work;
-//! broken registrations are refused all at once. Bad input (an undecodable payload,
+//! broken registrations are refused all at once; the retry path follows the capabilities
+//! the transport declares on its descriptor (the broker's own count, or the runtime's
+//! header-counted copies). Bad input (an undecodable payload,
 //! forged retry counts, empty and large payloads, hostile header values) never crashes
 //! the service, loses nothing, and prints a `RELIABILITY|…` line for RELIABILITY.md.
 
@@ -311,6 +313,74 @@ pub async fn cap_and_dead_letter(bed: impl Bed) {
     let (letter, _) = &letters.all()[0];
     assert_eq!(&letter.payload()[..], b"\x01poison\xfe");
     assert_eq!(letter.headers().get_str("trace"), Some("t-9"));
+    app.stop().await;
+}
+
+/// The retry path follows the capabilities the transport declares on its descriptor:
+/// where the broker counts attempts (`native_count`), a retry is a redelivery and carries
+/// no retry-count header; where it does not, the runtime publishes copies whose
+/// `x-ruststream-retry-count` counts the copies before them (absent, `1`, `2`). Either
+/// way the handler sees attempts 1, 2, 3, then one dead letter follows.
+pub async fn retry_path_follows_the_capabilities(bed: impl Bed) {
+    let address = bed.address().await;
+    let dead = bed.address().await;
+    let work = bed.subscribe(&address, "suite");
+    let native = work.capabilities().native_count;
+    let (runs, letters) = (Log::default(), Log::default());
+    let app = App::new()
+        .register(
+            on(work, recorder(runs.clone(), |_| HandlerOutcome::retry()))
+                .name("work")
+                .max_attempts(3)
+                .dead_letter(&dead),
+        )
+        .register(
+            on(
+                bed.subscribe(&dead, "suite-dead"),
+                recorder(letters.clone(), |_| HandlerOutcome::ack()),
+            )
+            .name("dead"),
+        )
+        .start()
+        .await
+        .expect("start");
+    tokio::time::sleep(bed.warm_up()).await;
+    publish(&bed, &address, None, &[], b"counted").await;
+    until(Duration::from_secs(60), "the dead letter", || {
+        letters.len() == 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut seen: Vec<(u32, Option<String>)> = runs
+        .all()
+        .iter()
+        .map(|(d, _)| {
+            (
+                d.attempt().number(),
+                d.headers()
+                    .get_str(crate::RETRY_COUNT_HEADER)
+                    .map(str::to_owned),
+            )
+        })
+        .collect();
+    seen.sort();
+    let attempts: Vec<u32> = seen.iter().map(|(a, _)| *a).collect();
+    assert_eq!(attempts, vec![1, 2, 3]);
+    let counts: Vec<Option<&str>> = seen.iter().map(|(_, c)| c.as_deref()).collect();
+    if native {
+        assert_eq!(
+            counts,
+            vec![None, None, None],
+            "the broker counts: no copies"
+        );
+    } else {
+        assert_eq!(
+            counts,
+            vec![None, Some("1"), Some("2")],
+            "the runtime counts in its copies"
+        );
+    }
+    assert_eq!(letters.len(), 1, "exactly one dead letter");
     app.stop().await;
 }
 
@@ -798,7 +868,7 @@ pub async fn hostile_headers_arrive_intact_or_are_refused_by_name(bed: impl Bed)
 #[macro_export]
 macro_rules! conformance_tests {
     ($bed:expr) => {
-        $crate::conformance_tests!(@each $bed; round_trip, ack_is_final, retry_is_the_next_attempt, retry_after_waits, cap_and_dead_letter, e3_stop_drains_and_settles, e1_undecodable_is_dead_lettered, forged_retry_counts_end_in_one_dead_letter, empty_and_large_payloads_arrive_intact, e2_a_panic_is_a_failed_attempt, drop_is_final, competing_consumers_share_the_work, e4_broken_registrations_are_all_refused, hostile_headers_arrive_intact_or_are_refused_by_name);
+        $crate::conformance_tests!(@each $bed; round_trip, ack_is_final, retry_is_the_next_attempt, retry_after_waits, cap_and_dead_letter, e3_stop_drains_and_settles, e1_undecodable_is_dead_lettered, forged_retry_counts_end_in_one_dead_letter, empty_and_large_payloads_arrive_intact, e2_a_panic_is_a_failed_attempt, drop_is_final, retry_path_follows_the_capabilities, competing_consumers_share_the_work, e4_broken_registrations_are_all_refused, hostile_headers_arrive_intact_or_are_refused_by_name);
     };
     ($bed:expr, keys) => {
         $crate::conformance_tests!($bed);
