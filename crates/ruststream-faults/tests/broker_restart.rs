@@ -40,9 +40,12 @@ fn installed(name: &str) -> PathBuf {
     binary
 }
 
-/// A port of this test's own (nextest runs each test in its own process).
-fn own_port(base: u16) -> u16 {
-    base + (std::process::id() % 10_000) as u16
+/// A port nothing listens on now (the system's pick), for a broker of this test's own.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free local port")
+        .port()
 }
 
 async fn wait_listening(port: u16, name: &str) {
@@ -234,7 +237,7 @@ async fn two_restarts(
 
 /// A nats-server of this test's own, with JetStream, and a client.
 async fn own_nats() -> (Process, PathBuf, String, Nats) {
-    let port = own_port(20_000);
+    let port = free_port();
     let data = data_dir("nats-restart");
     let broker = Process::start(
         installed("nats-server"),
@@ -317,7 +320,7 @@ async fn jetstream_two_server_restarts_lose_no_confirmed_message() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pulsar_two_broker_restarts_lose_no_confirmed_message() {
-    let port = own_port(30_000);
+    let port = free_port();
     let data = data_dir("pulsar-restart");
     let config = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.brokers/pulsar-lite.toml");
     let broker = Process::start(
