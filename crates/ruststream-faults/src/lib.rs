@@ -31,17 +31,28 @@ pub fn unique(prefix: &str) -> String {
     format!("{prefix}-{}", ruststream_test_support::unique_suffix())
 }
 
-/// What a service printed: `start`, `done` and `held` lines as (payload, attempt).
+/// One handler-call line of the service.
+#[derive(Debug, Clone)]
+pub struct Line {
+    /// The payload.
+    pub payload: String,
+    /// The attempt number.
+    pub attempt: u32,
+    /// When the test read it.
+    pub at: Instant,
+}
+
+/// What a service printed: `start`, `done` and `held` lines.
 #[derive(Debug, Default, Clone)]
 pub struct Tally {
     /// It printed `ready`.
     pub ready: bool,
     /// Handler calls begun.
-    pub started: Vec<(String, u32)>,
+    pub started: Vec<Line>,
     /// Handler calls that acked.
-    pub done: Vec<(String, u32)>,
+    pub done: Vec<Line>,
     /// Handler calls that asked for `retry_after`.
-    pub held: Vec<(String, u32)>,
+    pub held: Vec<Line>,
 }
 
 impl Tally {
@@ -55,7 +66,11 @@ impl Tally {
         let (Some(payload), Some(attempt)) = (words.next(), words.next()) else {
             return;
         };
-        let entry = (payload.to_owned(), attempt.parse().unwrap_or(0));
+        let entry = Line {
+            payload: payload.to_owned(),
+            attempt: attempt.parse().unwrap_or(0),
+            at: Instant::now(),
+        };
         match event {
             "start" => self.started.push(entry),
             "done" => self.done.push(entry),
@@ -66,7 +81,7 @@ impl Tally {
 
     /// The payloads acked at least once.
     pub fn handled(&self) -> BTreeSet<String> {
-        self.done.iter().map(|(p, _)| p.clone()).collect()
+        self.done.iter().map(|l| l.payload.clone()).collect()
     }
 }
 
@@ -74,6 +89,8 @@ impl Tally {
 pub struct Service {
     child: Child,
     tally: Arc<Mutex<Tally>>,
+    /// Reads stdout until the child's end of it.
+    reader: tokio::task::JoinHandle<()>,
 }
 
 impl Service {
@@ -89,14 +106,18 @@ impl Service {
         let mut lines = BufReader::new(child.stdout.take().expect("stdout piped")).lines();
         let tally = Arc::new(Mutex::new(Tally::default()));
         let sink = Arc::clone(&tally);
-        tokio::spawn(async move {
+        let reader = tokio::spawn(async move {
             while let Ok(Some(line)) = lines.next_line().await {
                 sink.lock()
                     .unwrap_or_else(PoisonError::into_inner)
                     .take(&line);
             }
         });
-        Self { child, tally }
+        Self {
+            child,
+            tally,
+            reader,
+        }
     }
 
     /// What it printed so far.
@@ -122,11 +143,13 @@ impl Service {
         }
     }
 
-    /// SIGKILL; returns what it printed.
+    /// SIGKILL; returns everything it printed (read to the end of its output).
     pub async fn kill(mut self) -> Tally {
         self.child.kill().await.expect("SIGKILL the service");
-        // The reader drains what was written before the kill.
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::timeout(Duration::from_secs(10), &mut self.reader)
+            .await
+            .expect("the killed service's output ends")
+            .expect("the output reader finished");
         self.tally()
     }
 }
@@ -164,7 +187,7 @@ impl Report {
             String::new()
         };
         println!(
-            "RELIABILITY|{transport}|{tried}|lost {lost} of {}{why}|{} handled twice|0 dead-lettered",
+            "RELIABILITY|{transport}|{tried}|lost {lost} of {}{why}|at least {} handled twice|none declared",
             self.published.len(),
             self.duplicated()
         );
@@ -182,6 +205,9 @@ pub async fn settle(
     let deadline = Instant::now() + limit;
     let before: BTreeSet<String> = earlier.iter().flat_map(Tally::handled).collect();
     while Instant::now() < deadline {
+        if let Ok(Some(status)) = service.child.try_wait() {
+            panic!("the service exited ({status}) before handling everything");
+        }
         let handled: BTreeSet<String> = before.union(&service.tally().handled()).cloned().collect();
         if published.is_subset(&handled) {
             return;

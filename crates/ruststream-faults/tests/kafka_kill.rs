@@ -14,7 +14,8 @@ use ruststream_kafka::rdkafka::{Offset, TopicPartitionList};
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout, Command};
 
-/// The committed offset, read on a thread of its own (dropping clients can block).
+/// The committed offset (None: nothing committed yet), read on a thread of its own
+/// (dropping clients can block). A failed read fails the test.
 async fn committed(group: &str, topic: &str) -> Option<i64> {
     let (group, topic) = (group.to_owned(), topic.to_owned());
     let (tx, rx) = tokio::sync::oneshot::channel();
@@ -28,15 +29,19 @@ async fn committed(group: &str, topic: &str) -> Option<i64> {
         list.add_partition(&topic, 0);
         let offset = consumer
             .committed_offsets(list, Duration::from_secs(10))
-            .ok()
-            .and_then(|l| l.find_partition(&topic, 0).map(|e| e.offset()));
+            .map(|l| l.find_partition(&topic, 0).map(|e| e.offset()));
         std::mem::forget(consumer);
-        let _ = tx.send(match offset {
-            Some(Offset::Offset(o)) => Some(o),
-            _ => None,
-        });
+        let _ = tx.send(offset);
     });
-    rx.await.expect("committed offsets read")
+    match rx
+        .await
+        .expect("committed offsets read")
+        .expect("the broker answered the committed-offset request")
+    {
+        Some(Offset::Offset(o)) => Some(o),
+        Some(Offset::Invalid) => None,
+        other => panic!("unexpected committed position {other:?}"),
+    }
 }
 
 fn spawn(program: &str, args: &[&str]) -> (Child, Lines<BufReader<ChildStdout>>) {

@@ -263,6 +263,24 @@ async fn kill_during_retry_after(transport: &'static str, why_lost: &str) -> usi
     let first = first.kill().await;
 
     let second = target.restart(&address, &group, &published, &first).await;
+    if target.transport == "jetstream" {
+        // The server holds the wait (`-NAK` with a delay), so it outlives the process:
+        // no message comes back before its delay. (Both times are when the test read
+        // the lines: a little reading latency is allowed for.)
+        for held in &first.held {
+            let done = second
+                .done
+                .iter()
+                .find(|d| d.payload == held.payload)
+                .expect("handled after the restart");
+            assert!(
+                done.at.duration_since(held.at) >= Duration::from_millis(2_900),
+                "{} came back {:?} after asking for retry_after(3 s)",
+                held.payload,
+                done.at.duration_since(held.at)
+            );
+        }
+    }
     let report = Report {
         published,
         lives: vec![first, second],

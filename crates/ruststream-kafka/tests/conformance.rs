@@ -52,6 +52,11 @@ impl Bed for Topics {
         true
     }
 
+    fn shares_one_address(&self) -> bool {
+        // One partition per address: one member of a group reads it.
+        false
+    }
+
     fn label(&self) -> String {
         format!("Kafka Commit::{:?}", self.commit)
     }

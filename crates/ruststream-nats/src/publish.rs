@@ -224,26 +224,29 @@ impl NatsPublisher {
 }
 
 /// True when the failed "which stream captures this subject?" question was answered: no
-/// stream matches, the subject is invalid, the server answered with an error, or nothing
-/// serves JetStream on it (no responders). False when no answer came.
+/// stream matches, the subject is invalid, the server answered with an error (JetStream
+/// not enabled for the account), or nothing serves JetStream there (no responders).
+/// False when no answer came (a timeout, a lost connection).
+///
+/// async-nats wraps the request's error more than once (the stream-name page, then the
+/// lookup), so the whole chain of sources is searched.
 fn answered(e: &GetStreamByNameError) -> bool {
-    match e.kind() {
-        GetStreamByNameErrorKind::Request => {
-            let Some(source) = std::error::Error::source(e)
-                .and_then(|s| s.downcast_ref::<async_nats::jetstream::context::RequestError>())
-            else {
-                return false;
-            };
-            match source.kind() {
-                JsRequestErrorKind::NoResponders => true,
-                // A server's error answer carries the JetStream error as its source.
-                JsRequestErrorKind::Other => std::error::Error::source(source)
-                    .is_some_and(|s| s.is::<async_nats::jetstream::Error>()),
-                _ => false,
-            }
-        }
-        _ => true,
+    if !matches!(e.kind(), GetStreamByNameErrorKind::Request) {
+        return true;
     }
+    let mut link = std::error::Error::source(e);
+    while let Some(error) = link {
+        if error.is::<async_nats::jetstream::Error>() {
+            return true;
+        }
+        if let Some(request) = error.downcast_ref::<async_nats::jetstream::context::RequestError>()
+            && matches!(request.kind(), JsRequestErrorKind::NoResponders)
+        {
+            return true;
+        }
+        link = error.source();
+    }
+    false
 }
 
 impl Publish for NatsPublisher {

@@ -56,6 +56,8 @@ impl Bed for JetStream {
         self.0
             .consumer(address, group.replace('-', "_"))
             .filter_subject(address)
+            // Short, so "never delivered again" can be waited out.
+            .ack_wait(Duration::from_secs(2))
     }
 
     fn publisher(&self) -> Publisher {
@@ -64,6 +66,10 @@ impl Bed for JetStream {
 
     fn warm_up(&self) -> Duration {
         Duration::ZERO
+    }
+
+    fn redelivered_within(&self) -> Duration {
+        Duration::from_secs(3)
     }
 
     fn keys(&self) -> bool {

@@ -563,3 +563,64 @@ async fn n6_a_dead_letter_subject_no_stream_captures_is_warned_about_at_start() 
     );
     running.stop().await;
 }
+
+/// A server without JetStream answers the stream lookup with "no responders": that is an
+/// answer, so a publish through the `Publish` contract goes out on Core NATS and arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn n2_publishing_on_a_server_without_jetstream_goes_core() {
+    let binary =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.brokers/bin/nats-server");
+    assert!(
+        binary.exists(),
+        "{} is missing: run the tests with scripts/test, which installs it",
+        binary.display()
+    );
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let _server = tokio::process::Command::new(&binary)
+        .args(["-a", "127.0.0.1", "-p", &port.to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("nats-server starts");
+    let url = format!("nats://127.0.0.1:{port}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let nats = loop {
+        if let Ok(nats) = Nats::connect(&url).await {
+            break nats;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "nats-server without JetStream did not start"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let mut subscriber = nats
+        .client()
+        .subscribe("plain.subject")
+        .await
+        .expect("subscribe");
+    nats.client().flush().await.expect("flush");
+    let publisher = ruststream::Publisher::new(nats.publish_handle());
+    for _ in 0..2 {
+        // The second publish uses the remembered answer.
+        publisher
+            .publish(ruststream::Outgoing::new(
+                "plain.subject",
+                Bytes::from_static(b"core"),
+            ))
+            .await
+            .expect("a server without JetStream takes a Core publish");
+        let got = tokio::time::timeout(
+            Duration::from_secs(5),
+            futures_util::StreamExt::next(&mut subscriber),
+        )
+        .await
+        .expect("delivered within 5 s")
+        .expect("subscription open");
+        assert_eq!(&got.payload[..], b"core");
+    }
+}

@@ -75,6 +75,8 @@ pub struct PulsarSubscription {
     max_attempts: Option<u32>,
     attempts: HashMap<IdKey, u32>,
     held: BinaryHeap<Reverse<Held>>,
+    /// The held waits of a lost consumer, by message id: when each is due.
+    waits: HashMap<IdKey, Instant>,
     topics: HashMap<String, Arc<str>>,
 }
 
@@ -103,6 +105,7 @@ impl PulsarSubscription {
             max_attempts,
             attempts: HashMap::new(),
             held: BinaryHeap::new(),
+            waits: HashMap::new(),
             topics: HashMap::new(),
         }
     }
@@ -134,7 +137,9 @@ impl PulsarSubscription {
     }
 
     /// The consumer's stream ended: what it delivered and nobody acknowledged, the broker
-    /// delivers again to the next consumer, so the held waits are let go.
+    /// delivers again to the next consumer. The held waits are remembered by message id,
+    /// so a held message that comes back early is held again for the rest of its delay
+    /// instead of reaching the handler.
     fn lost_consumer(&mut self) {
         tracing::warn!(
             address = &*self.address,
@@ -142,13 +147,23 @@ impl PulsarSubscription {
             "the consumer's stream ended (connection lost); subscribing again"
         );
         self.consumer = None;
-        self.held.clear();
+        let now = Instant::now();
+        self.waits.retain(|_, due| *due > now);
+        for Reverse(held) in self.held.drain() {
+            self.waits.insert(key(&held.receipt.id), held.due);
+        }
     }
 
-    async fn settled(&mut self) -> Result<&mut Consumer<Vec<u8>, TokioExecutor>, AckError> {
-        self.consumer()
-            .await
-            .map_err(|e| AckError::Failed(e.to_string()))
+    /// The current consumer, for a settlement. None after the connection was lost: the
+    /// settlement fails at once (the broker delivers the message again) rather than
+    /// waiting for a new subscription, which only `next` makes, where a stop can cut it.
+    fn current(&mut self) -> Result<&mut Consumer<Vec<u8>, TokioExecutor>, AckError> {
+        self.consumer.as_mut().ok_or_else(|| {
+            AckError::Failed(
+                "the consumer's connection was lost; the broker delivers the message again"
+                    .to_owned(),
+            )
+        })
     }
 
     async fn nack(&mut self, receipt: PulsarReceipt) -> Result<(), AckError> {
@@ -160,8 +175,7 @@ impl PulsarSubscription {
             // The client's dead-letter policy takes it on its next arrival: stop counting.
             self.attempts.remove(&key(&receipt.id));
         }
-        self.settled()
-            .await?
+        self.current()?
             .nack_with_id(&receipt.topic, receipt.id)
             .await
             .map_err(|e| AckError::Failed(e.to_string()))
@@ -177,10 +191,12 @@ impl Subscription for PulsarSubscription {
             if let Some(Reverse(first)) = self.held.peek()
                 && first.due <= Instant::now()
             {
-                let Some(Reverse(held)) = self.held.pop() else {
-                    continue;
-                };
-                if let Err(e) = self.nack(held.receipt).await {
+                // Popped only once the nack is done: a `next` cut short by the driver
+                // leaves it held, to be nacked on the next call.
+                let receipt = first.receipt.clone();
+                let nacked = self.nack(receipt).await;
+                self.held.pop();
+                if let Err(e) = nacked {
                     tracing::warn!(address = &*self.address, error = %e, "nack after retry_after failed");
                 }
                 continue;
@@ -208,6 +224,16 @@ impl Subscription for PulsarSubscription {
             };
             let topic = self.topic(&message.topic);
             let id = message.message_id.id.clone();
+            if let Some(due) = self.waits.remove(&key(&id))
+                && due > Instant::now()
+            {
+                // Held when the last connection died, and back before its delay is over.
+                self.held.push(Reverse(Held {
+                    due,
+                    receipt: PulsarReceipt { topic, id },
+                }));
+                continue;
+            }
             let metadata = &message.payload.metadata;
             let headers: Headers = metadata
                 .properties
@@ -239,8 +265,7 @@ impl Subscription for PulsarSubscription {
             Settle::Nothing => Ok(()),
             Settle::Ack | Settle::Drop => {
                 self.attempts.remove(&key(&receipt.id));
-                self.settled()
-                    .await?
+                self.current()?
                     .ack_with_id(&receipt.topic, receipt.id)
                     .await
                     .map_err(|e| AckError::Failed(e.to_string()))

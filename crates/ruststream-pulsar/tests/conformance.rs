@@ -44,6 +44,10 @@ impl Bed for Topics {
         true
     }
 
+    fn shares_one_address(&self) -> bool {
+        matches!(self.sub_type, SubType::Shared | SubType::KeyShared)
+    }
+
     fn label(&self) -> String {
         format!("Pulsar {:?}", self.sub_type)
     }
