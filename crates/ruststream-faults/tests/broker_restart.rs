@@ -486,7 +486,7 @@ async fn p1_a_broker_restart_during_retry_after_keeps_the_message_and_the_wait()
         );
     }
     println!(
-        "RELIABILITY|Pulsar Shared|{n} messages waiting in retry_after(3 s), pulsar-lite SIGKILLed and restarted|lost 0 of {n}; none handled before its delay|{} handled twice|0 dead-lettered",
+        "RELIABILITY|Pulsar Shared|{n} messages waiting in retry_after(3 s), pulsar-lite SIGKILLed and restarted|lost 0 of {n}; none handled before its delay|at least {} handled twice|none declared",
         tally.done.len() - tally.handled().len()
     );
     let _ = std::fs::remove_dir_all(&data);

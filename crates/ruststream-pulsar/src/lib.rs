@@ -55,8 +55,11 @@
 //! - A `retry_after` wait lives in the process (P1): a crash loses the wait, not the
 //!   message, which the broker delivers again once the connection is gone (P7).
 //! - When the client's consumer stream ends (its connection died, e.g. a broker restart),
-//!   the subscription subscribes again by itself, retrying while the broker is away;
-//!   deliveries the old consumer held come back from the broker.
+//!   the subscription subscribes again by itself (at most once a second, retrying while
+//!   the broker is away). What the old consumer delivered and nobody acknowledged comes
+//!   back from the broker, counted as a new attempt; a message that was waiting in
+//!   `retry_after` is held again for the rest of its delay. Settlements made while no
+//!   consumer is open fail (logged); the broker delivers those messages again.
 
 mod descriptor;
 mod publish;
