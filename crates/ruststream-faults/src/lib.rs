@@ -26,6 +26,36 @@ pub fn soak() -> usize {
     }
 }
 
+/// The services' log: to stderr (stdout carries their lines for the test), filtered by
+/// `RUST_LOG` (default `info`).
+pub fn log_to_stderr() {
+    tracing_subscriber::fmt()
+        .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+/// How long `fault-service`'s `hold` mode asks the first attempt to wait.
+pub const HOLD: Duration = Duration::from_secs(3);
+
+/// Asserts that every message in `held` was acked (in `done`) no earlier than `wait`
+/// after it was held. Both times are when the test read the lines, so 100 ms of reading
+/// latency are allowed for.
+pub fn assert_waited(held: &[Line], done: &[Line], wait: Duration) {
+    for held in held {
+        let acked = done
+            .iter()
+            .find(|d| d.payload == held.payload)
+            .unwrap_or_else(|| panic!("{} was never handled after its wait", held.payload));
+        let after = acked.at.duration_since(held.at);
+        assert!(
+            after + Duration::from_millis(100) >= wait,
+            "{} was handled again {after:?} after asking for retry_after({wait:?})",
+            held.payload
+        );
+    }
+}
+
 /// A name no other test (or earlier run) uses.
 pub fn unique(prefix: &str) -> String {
     format!("{prefix}-{}", ruststream_test_support::unique_suffix())

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use ruststream::{Outgoing, Publisher};
-use ruststream_faults::{Report, Service, Tally, kafka, settle, soak, unique};
+use ruststream_faults::{HOLD, Report, Service, Tally, assert_waited, kafka, settle, soak, unique};
 use ruststream_kafka::Kafka;
 use ruststream_nats::Nats;
 use ruststream_nats::async_nats::jetstream::{self, stream};
@@ -147,6 +147,29 @@ impl Target {
         self.transport == "core"
     }
 
+    /// A fresh address and group, `n` messages published to it, and the service's first
+    /// life in `mode`, ready (Core NATS: published once the service listens).
+    async fn first_life(
+        &self,
+        n: usize,
+        mode: &str,
+    ) -> (String, String, BTreeSet<String>, Service) {
+        let (address, group) = self.address().await;
+        let mut published = BTreeSet::new();
+        if !self.publish_after_start() {
+            published = self.publish(&address, n).await;
+        }
+        let mut first = self.service(&address, &group, mode);
+        first
+            .until(Duration::from_secs(30), "ready", |t| t.ready)
+            .await;
+        if self.publish_after_start() {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            published = self.publish(&address, n).await;
+        }
+        (address, group, published, first)
+    }
+
     /// Where the spec documents a loss window.
     fn lossy(&self) -> bool {
         matches!(self.transport, "core" | "kafka-auto")
@@ -198,19 +221,7 @@ impl Target {
 async fn kill_while_handlers_run(transport: &'static str, why_lost: &str) -> usize {
     let target = target(transport).await;
     let n = 200 * soak();
-    let (address, group) = target.address().await;
-    let mut published = BTreeSet::new();
-    if !target.publish_after_start() {
-        published = target.publish(&address, n).await;
-    }
-    let mut first = target.service(&address, &group, "slow");
-    first
-        .until(Duration::from_secs(30), "ready", |t| t.ready)
-        .await;
-    if target.publish_after_start() {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        published = target.publish(&address, n).await;
-    }
+    let (address, group, published, mut first) = target.first_life(n, "slow").await;
     first
         .until(Duration::from_secs(90), "a quarter handled", |t| {
             t.done.len() >= n / 4
@@ -240,19 +251,7 @@ async fn kill_while_handlers_run(transport: &'static str, why_lost: &str) -> usi
 async fn kill_during_retry_after(transport: &'static str, why_lost: &str) -> usize {
     let target = target(transport).await;
     let n = 10 * soak();
-    let (address, group) = target.address().await;
-    let mut published = BTreeSet::new();
-    if !target.publish_after_start() {
-        published = target.publish(&address, n).await;
-    }
-    let mut first = target.service(&address, &group, "hold");
-    first
-        .until(Duration::from_secs(30), "ready", |t| t.ready)
-        .await;
-    if target.publish_after_start() {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        published = target.publish(&address, n).await;
-    }
+    let (address, group, published, mut first) = target.first_life(n, "hold").await;
     first
         .until(Duration::from_secs(90), "every message held", |t| {
             t.held.len() >= n
@@ -264,22 +263,8 @@ async fn kill_during_retry_after(transport: &'static str, why_lost: &str) -> usi
 
     let second = target.restart(&address, &group, &published, &first).await;
     if target.transport == "jetstream" {
-        // The server holds the wait (`-NAK` with a delay), so it outlives the process:
-        // no message comes back before its delay. (Both times are when the test read
-        // the lines: a little reading latency is allowed for.)
-        for held in &first.held {
-            let done = second
-                .done
-                .iter()
-                .find(|d| d.payload == held.payload)
-                .expect("handled after the restart");
-            assert!(
-                done.at.duration_since(held.at) >= Duration::from_millis(2_900),
-                "{} came back {:?} after asking for retry_after(3 s)",
-                held.payload,
-                done.at.duration_since(held.at)
-            );
-        }
+        // The server holds the wait (`-NAK` with a delay), so it outlives the process.
+        assert_waited(&first.held, &second.done, HOLD);
     }
     let report = Report {
         published,

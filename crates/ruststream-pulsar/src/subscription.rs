@@ -224,7 +224,9 @@ impl Subscription for PulsarSubscription {
             };
             let topic = self.topic(&message.topic);
             let id = message.message_id.id.clone();
-            if let Some(due) = self.waits.remove(&key(&id))
+            // (Empty unless a connection was lost: no lookup per message then.)
+            if !self.waits.is_empty()
+                && let Some(due) = self.waits.remove(&key(&id))
                 && due > Instant::now()
             {
                 // Held when the last connection died, and back before its delay is over.

@@ -20,14 +20,12 @@ use std::time::Duration;
 
 use ruststream::core::Descriptor;
 use ruststream::{App, Delivery, HandlerOutcome, on};
+use ruststream_faults::HOLD;
 use ruststream_kafka::{Commit, EosPipeline, Kafka};
 use ruststream_nats::Nats;
 use ruststream_pulsar::pulsar::ConsumerOptions;
 use ruststream_pulsar::pulsar::consumer::InitialPosition;
 use ruststream_pulsar::{Pulsar, SubType};
-
-/// How long `hold` asks the first attempt to wait.
-const HOLD: Duration = Duration::from_secs(3);
 
 #[derive(Clone, Copy)]
 enum Mode {
@@ -90,10 +88,7 @@ fn kafka_topic(
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    tracing_subscriber::fmt()
-        .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
-        .with_writer(std::io::stderr)
-        .init();
+    ruststream_faults::log_to_stderr();
     let args: Vec<String> = std::env::args().collect();
     let [_, transport, url, address, group, mode] = args.as_slice() else {
         return Err("usage: fault-service <transport> <url> <address> <group> <mode>".into());

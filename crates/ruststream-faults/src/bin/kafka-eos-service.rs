@@ -11,10 +11,7 @@ use ruststream_kafka::{Commit, EosPipeline, Kafka};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    tracing_subscriber::fmt()
-        .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
-        .with_writer(std::io::stderr)
-        .init();
+    ruststream_faults::log_to_stderr();
     let args: Vec<String> = std::env::args().collect();
     let [_, brokers, input, output, group, id, interval] = args.as_slice() else {
         return Err(

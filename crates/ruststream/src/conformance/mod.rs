@@ -137,11 +137,38 @@ fn count(log: &Log, payload: &[u8]) -> usize {
         .count()
 }
 
-/// After a restart: publishes a marker and waits until the new app handled it (so it is
-/// reading, past anything published before), then as long as an unsettled delivery takes
-/// to come back.
-async fn read_past_a_marker(bed: &impl Bed, address: &str, log: &Log) {
+/// An app whose one registration on `address` records every delivery in `log` and acks
+/// it, started and warmed up.
+async fn acking_app(bed: &impl Bed, address: &str, log: &Log) -> crate::Running {
+    let app = App::new()
+        .register(on(
+            bed.subscribe(address, "suite"),
+            recorder(log.clone(), |_| HandlerOutcome::ack()),
+        ))
+        .start()
+        .await
+        .expect("start");
     tokio::time::sleep(bed.warm_up()).await;
+    app
+}
+
+/// The registration named `dead` that reads the dead letters on `dead` into `letters`.
+fn dead_letter_reader<B: Bed>(
+    bed: &B,
+    dead: &str,
+    letters: &Log,
+) -> crate::Registration<B::Descriptor, impl crate::middleware::Service> {
+    on(
+        bed.subscribe(dead, "suite-dead"),
+        recorder(letters.clone(), |_| HandlerOutcome::ack()),
+    )
+    .name("dead")
+}
+
+/// After a restart (the new app warmed up): publishes a marker and waits until the new
+/// app handled it (so it is reading, past anything published before), then as long as an
+/// unsettled delivery takes to come back.
+async fn read_past_a_marker(bed: &impl Bed, address: &str, log: &Log) {
     publish(bed, address, None, &[], b"marker").await;
     until(
         Duration::from_secs(60),
@@ -164,15 +191,7 @@ fn reliability(bed: &impl Bed, tried: &str, lost: &str, duplicated: &str, dead: 
 pub async fn round_trip(bed: impl Bed) {
     let address = bed.address().await;
     let log = Log::default();
-    let app = App::new()
-        .register(on(
-            bed.subscribe(&address, "suite"),
-            recorder(log.clone(), |_| HandlerOutcome::ack()),
-        ))
-        .start()
-        .await
-        .expect("start");
-    tokio::time::sleep(bed.warm_up()).await;
+    let app = acking_app(&bed, &address, &log).await;
     publish(
         &bed,
         &address,
@@ -197,26 +216,11 @@ pub async fn round_trip(bed: impl Bed) {
 pub async fn ack_is_final(bed: impl Bed) {
     let address = bed.address().await;
     let log = Log::default();
-    let app = App::new()
-        .register(on(
-            bed.subscribe(&address, "suite"),
-            recorder(log.clone(), |_| HandlerOutcome::ack()),
-        ))
-        .start()
-        .await
-        .expect("start");
-    tokio::time::sleep(bed.warm_up()).await;
+    let app = acking_app(&bed, &address, &log).await;
     publish(&bed, &address, None, &[], b"once").await;
     until(Duration::from_secs(30), "delivered", || log.len() == 1).await;
     app.stop().await;
-    let app = App::new()
-        .register(on(
-            bed.subscribe(&address, "suite"),
-            recorder(log.clone(), |_| HandlerOutcome::ack()),
-        ))
-        .start()
-        .await
-        .expect("restart");
+    let app = acking_app(&bed, &address, &log).await;
     read_past_a_marker(&bed, &address, &log).await;
     assert_eq!(count(&log, b"once"), 1, "an ack is final");
     app.stop().await;
@@ -313,13 +317,7 @@ async fn always_retry_to_dead_letter(bed: &impl Bed) -> (crate::Running, String,
             .max_attempts(3)
             .dead_letter(&dead),
         )
-        .register(
-            on(
-                bed.subscribe(&dead, "suite-dead"),
-                recorder(letters.clone(), |_| HandlerOutcome::ack()),
-            )
-            .name("dead"),
-        )
+        .register(dead_letter_reader(bed, &dead, &letters))
         .start()
         .await
         .expect("start");
@@ -370,13 +368,7 @@ pub async fn retry_path_follows_the_capabilities(bed: impl Bed) {
                 .max_attempts(3)
                 .dead_letter(&dead),
         )
-        .register(
-            on(
-                bed.subscribe(&dead, "suite-dead"),
-                recorder(letters.clone(), |_| HandlerOutcome::ack()),
-            )
-            .name("dead"),
-        )
+        .register(dead_letter_reader(&bed, &dead, &letters))
         .start()
         .await
         .expect("start");
@@ -513,6 +505,7 @@ pub async fn e3_stop_drains_and_settles(bed: impl Bed) {
         .start()
         .await
         .expect("restart");
+    tokio::time::sleep(bed.warm_up()).await;
     read_past_a_marker(&bed, &address, &log).await;
     assert_eq!(
         count(&log, b"slow"),
@@ -545,13 +538,7 @@ pub async fn e1_undecodable_is_dead_lettered(bed: impl Bed) {
                 .max_attempts(3)
                 .dead_letter(&dead),
         )
-        .register(
-            on(
-                bed.subscribe(&dead, "suite-dead"),
-                recorder(letters.clone(), |_| HandlerOutcome::ack()),
-            )
-            .name("dead"),
-        )
+        .register(dead_letter_reader(&bed, &dead, &letters))
         .start()
         .await
         .expect("start");
@@ -633,15 +620,7 @@ pub async fn forged_retry_counts_end_in_one_dead_letter(bed: impl Bed) {
 pub async fn empty_and_large_payloads_arrive_intact(bed: impl Bed) {
     let address = bed.address().await;
     let log = Log::default();
-    let app = App::new()
-        .register(on(
-            bed.subscribe(&address, "suite"),
-            recorder(log.clone(), |_| HandlerOutcome::ack()),
-        ))
-        .start()
-        .await
-        .expect("start");
-    tokio::time::sleep(bed.warm_up()).await;
+    let app = acking_app(&bed, &address, &log).await;
     let large: Vec<u8> = (0..256 * 1024).map(|i| (i % 251) as u8).collect();
     publish(&bed, &address, None, &[], b"").await;
     publish(&bed, &address, None, &[], &large).await;
@@ -723,13 +702,7 @@ pub async fn drop_is_final(bed: impl Bed) {
                 .max_attempts(3)
                 .dead_letter(&dead),
             )
-            .register(
-                on(
-                    bed.subscribe(&dead, "suite-dead"),
-                    recorder(letters, |_| HandlerOutcome::ack()),
-                )
-                .name("dead"),
-            )
+            .register(dead_letter_reader(&bed, &dead, &letters))
             .start()
     };
     let first = app(runs.clone(), letters.clone()).await.expect("start");
@@ -739,6 +712,7 @@ pub async fn drop_is_final(bed: impl Bed) {
     tokio::time::sleep(Duration::from_secs(1)).await;
     first.stop().await;
     let second = app(runs.clone(), letters.clone()).await.expect("restart");
+    tokio::time::sleep(bed.warm_up()).await;
     read_past_a_marker(&bed, &address, &runs).await;
     assert_eq!(count(&runs, b"unwanted"), 1, "a drop is final");
     assert_eq!(letters.len(), 0, "a drop makes no dead letter");
