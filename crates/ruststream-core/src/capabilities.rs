@@ -67,6 +67,11 @@ pub struct Capabilities {
     /// `Commit::Tracked` has nothing to ask the broker): the runtime runs it again in its
     /// lane at once, so it comes before the next record and its key keeps its order.
     pub redeliver_in_place: bool,
+    /// The subscription can move its read position back to a delivery it handed over
+    /// (Kafka `Commit::Auto`: store the offset back and seek). Used only when a copy is
+    /// refused, so the record is read again instead of lost (SPEC G3); the settlement is
+    /// a `Settle::Redeliver`.
+    pub rewinds: bool,
 }
 
 impl Capabilities {
@@ -80,5 +85,6 @@ impl Capabilities {
         dead_letters: DeadLetters::Runtime,
         holds_original: false,
         redeliver_in_place: false,
+        rewinds: false,
     };
 }

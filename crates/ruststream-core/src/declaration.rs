@@ -1,6 +1,7 @@
 //! What a registration declares about retries, resolved against its descriptor.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 /// A registration's retry declaration, with the retry address already resolved
 /// (the registration's own destination, else the descriptor's single address).
@@ -12,6 +13,9 @@ pub struct Declaration {
     pub dead_letter: Option<Arc<str>>,
     /// Where retry copies go.
     pub retry_address: Option<Arc<str>>,
+    /// The handler deadline (SPEC G1), once the app resolved it: a transport that keeps
+    /// a running delivery alive (JetStream `+WPI`) stops doing so past it.
+    pub handler_timeout: Option<Duration>,
 }
 
 impl Declaration {

@@ -48,6 +48,15 @@ impl Attempt {
         )
     }
 
+    /// The attempt after this one, counted by the same source (a delivery the runtime
+    /// runs again in place).
+    pub const fn next(self) -> Self {
+        Self {
+            number: self.number.saturating_add(1),
+            source: self.source,
+        }
+    }
+
     /// The attempt number, 1 for the first delivery.
     pub const fn number(self) -> u32 {
         self.number
@@ -160,6 +169,11 @@ impl Delivery {
     pub fn with_attempt(mut self, attempt: Attempt) -> Self {
         self.attempt = attempt;
         self
+    }
+
+    /// Counts one more attempt (the runtime runs the delivery again in place).
+    pub fn count_attempt(&mut self) {
+        self.attempt = self.attempt.next();
     }
 
     /// The payload bytes, as received.

@@ -34,6 +34,23 @@ pub trait Descriptor: Send + 'static {
         Vec::new()
     }
 
+    /// True when this subscription would receive a message published to `address` (its
+    /// topic, a topic in its list, a subject its pattern or filter matches). A dead letter
+    /// published where its own registration reads would be handled again, without end, so
+    /// such a registration refuses to start (SPEC G4).
+    fn reads(&self, address: &str) -> bool {
+        address == self.address()
+    }
+
+    /// Why `address` is not a valid destination on this broker (a NATS subject with a
+    /// wildcard or an empty token, a Kafka topic with a character Kafka refuses), or
+    /// `None` when it is. The runtime asks it of dead-letter and retry addresses at start
+    /// (SPEC G4), so a bad name fails there instead of at the first dead letter.
+    fn address_rule(&self, address: &str) -> Option<String> {
+        let _ = address;
+        None
+    }
+
     /// The broker's confirmed publish, used for retry copies and dead letters.
     fn publisher(&self) -> Arc<dyn Publish>;
 

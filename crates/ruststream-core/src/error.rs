@@ -26,25 +26,61 @@ pub enum AckError {
     Failed(String),
 }
 
-/// What kind of failure a [`PublishError`] is.
+/// What kind of failure a [`PublishError`] is. [`is_transient`](Self::is_transient) tells
+/// the two families apart: a transient failure may pass if tried again (the connection
+/// is back, the broker answers in time); a permanent one is the broker's answer about
+/// this message or address and will be the same next time (SPEC G3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum PublishErrorKind {
-    /// The broker refused the message (too large, unknown address, not authorised...).
+    /// The broker refused the message for a reason not named below.
     Rejected,
-    /// No confirmation arrived in time.
+    /// No confirmation arrived in time. Transient.
     Timeout,
-    /// The connection is gone.
+    /// The connection is gone. Transient.
     Disconnected,
-    /// The message could not be encoded.
+    /// The message could not be encoded (a header the broker cannot carry).
     Encode,
     /// Nobody answered a request.
     NoResponders,
+    /// The message is larger than the broker or the address accepts.
+    TooLarge,
+    /// The destination is full and refuses new messages (a JetStream stream at its
+    /// limits with the discard-new policy, storage exhausted).
+    Full,
+    /// No such destination (no stream captures the subject, an unknown topic).
+    NoSuchAddress,
+    /// The credentials may not publish there.
+    NotAuthorized,
+}
+
+impl PublishErrorKind {
+    /// True for failures that may pass when tried again ([`Timeout`](Self::Timeout),
+    /// [`Disconnected`](Self::Disconnected)); false for the broker's refusals.
+    pub const fn is_transient(self) -> bool {
+        matches!(self, Self::Timeout | Self::Disconnected)
+    }
+}
+
+impl std::fmt::Display for PublishErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Rejected => "rejected",
+            Self::Timeout => "timed out",
+            Self::Disconnected => "disconnected",
+            Self::Encode => "cannot be encoded",
+            Self::NoResponders => "no responders",
+            Self::TooLarge => "too large",
+            Self::Full => "destination full",
+            Self::NoSuchAddress => "no such destination",
+            Self::NotAuthorized => "not authorized",
+        })
+    }
 }
 
 /// A publish that was not confirmed by the broker.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("publishing to `{address}` failed ({kind:?}): {detail}")]
+#[error("publishing to `{address}` failed ({kind}): {detail}")]
 pub struct PublishError {
     /// The address published to.
     pub address: String,

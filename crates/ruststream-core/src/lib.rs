@@ -16,6 +16,7 @@
 //!     max_attempts: Some(3),
 //!     dead_letter: Some(Arc::from("orders.dead")),
 //!     retry_address: Some(Arc::from("orders")),
+//!     handler_timeout: None,
 //! };
 //! let below = plan(
 //!     Verdict::Outcome(HandlerOutcome::retry_after(Duration::from_secs(1))),

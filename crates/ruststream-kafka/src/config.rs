@@ -26,7 +26,8 @@ pub enum Commit {
     Transactional,
 }
 
-/// Auto: nothing to send for ack and drop, no way back for a retry.
+/// Auto: nothing to send for ack and drop, no way back for a retry; a record whose copy
+/// the broker refused is read again (its offset stored back, the partition sought back).
 pub const AUTO_CAPABILITIES: Capabilities = Capabilities {
     ack: Verb::Implicit,
     drop: Verb::Implicit,
@@ -36,6 +37,7 @@ pub const AUTO_CAPABILITIES: Capabilities = Capabilities {
     dead_letters: DeadLetters::Runtime,
     holds_original: false,
     redeliver_in_place: false,
+    rewinds: true,
 };
 
 /// Tracked: ack and drop store the position, retry redelivers locally, and a delayed
@@ -49,6 +51,7 @@ pub const TRACKED_CAPABILITIES: Capabilities = Capabilities {
     dead_letters: DeadLetters::Runtime,
     holds_original: true,
     redeliver_in_place: true,
+    rewinds: false,
 };
 
 /// Transactional: settles like Tracked; `retry()` (a `Redeliver`) aborts the open window
@@ -107,10 +110,10 @@ impl Settings {
                  enable.auto.commit=false contradicts it"
             ));
         }
-        if commit.tracks() && self.is("enable.auto.offset.store", "true") {
+        if self.is("enable.auto.offset.store", "true") {
             broken.push(format!(
-                "Commit::{commit:?} stores offsets itself once records settle; \
-                 enable.auto.offset.store=true would store them on fetch"
+                "Commit::{commit:?} stores offsets itself; \
+                 enable.auto.offset.store=true would store them behind its back"
             ));
         }
         if self.values.contains_key("group.id") {

@@ -80,6 +80,16 @@ impl Source {
         broken
     }
 
+    /// True when `topic` is one this subscription reads. A pattern (`^...`) is a regular
+    /// expression librdkafka evaluates; only a topic it names literally is seen here.
+    fn reads(&self, topic: &str) -> bool {
+        match &self.selection {
+            Selection::Topic(t) => t == topic,
+            Selection::Topics(ts) => ts.iter().any(|t| t == topic),
+            Selection::Partitions(ps) => ps.iter().any(|(t, _, _)| t == topic),
+        }
+    }
+
     fn client_config(&self) -> ClientConfig {
         let mut config = ClientConfig::new();
         config
@@ -95,14 +105,10 @@ impl Source {
             )
             .set("auto.offset.reset", "earliest")
             .set("enable.partition.eof", "false")
-            .set(
-                "enable.auto.offset.store",
-                if self.commit == Commit::Auto {
-                    "true"
-                } else {
-                    "false"
-                },
-            );
+            // Commit::Auto stores each offset itself when it hands the record over (what
+            // librdkafka's automatic store does), so that it can store a record's offset
+            // back when its copy is refused (SPEC G3).
+            .set("enable.auto.offset.store", "false");
         for (key, value) in self.kafka.settings().iter().chain(&self.settings.values) {
             config.set(key, value);
         }
@@ -156,6 +162,26 @@ impl Source {
             window,
         ))
     }
+}
+
+/// Why `topic` is not a valid Kafka topic name (Kafka's own rule: 1 to 249 of
+/// `[a-zA-Z0-9._-]`, not `.` or `..`), or `None`.
+fn topic_rule(topic: &str) -> Option<String> {
+    if topic.is_empty() || topic.len() > 249 {
+        return Some("a Kafka topic name has 1 to 249 characters".to_owned());
+    }
+    if topic == "." || topic == ".." {
+        return Some("`.` and `..` are not Kafka topic names".to_owned());
+    }
+    if let Some(bad) = topic
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    {
+        return Some(format!(
+            "{bad:?} is not allowed in a Kafka topic name (only ASCII letters, digits, `.`, `_` and `-`)"
+        ));
+    }
+    None
 }
 
 macro_rules! descriptor {
@@ -217,6 +243,14 @@ macro_rules! descriptor {
 
             fn check(&self, _declaration: &Declaration) -> Vec<String> {
                 self.source.check()
+            }
+
+            fn reads(&self, address: &str) -> bool {
+                self.source.reads(address)
+            }
+
+            fn address_rule(&self, address: &str) -> Option<String> {
+                topic_rule(address)
             }
 
             fn publisher(&self) -> Arc<dyn Publish> {

@@ -221,7 +221,7 @@ impl Publish for EosPublisher {
                     self.pipeline.doomed.store(true, Ordering::Release);
                     Err(PublishError::new(
                         &message.address,
-                        PublishErrorKind::Rejected,
+                        crate::publish::kind(&error),
                         error,
                     ))
                 }

@@ -62,24 +62,35 @@ impl KafkaPublisher {
                 partition: delivery.partition,
                 offset: delivery.offset,
             }),
-            Err((error, _)) => {
-                let kind = match error.rdkafka_error_code() {
-                    Some(rdkafka::types::RDKafkaErrorCode::MessageTimedOut) => {
-                        PublishErrorKind::Timeout
-                    }
-                    Some(rdkafka::types::RDKafkaErrorCode::AllBrokersDown) => {
-                        PublishErrorKind::Disconnected
-                    }
-                    _ => PublishErrorKind::Rejected,
-                };
-                Err(PublishError::new(topic, kind, error))
-            }
+            Err((error, _)) => Err(PublishError::new(topic, kind(&error), error)),
         }
     }
 
     /// The underlying producer.
     pub fn producer(&self) -> &FutureProducer {
         &self.producer
+    }
+}
+
+/// What a failed produce was (SPEC G3): the broker's or librdkafka's refusal of this
+/// record or topic is permanent; a timeout or a lost connection is transient.
+pub(crate) fn kind(error: &rdkafka::error::KafkaError) -> PublishErrorKind {
+    use rdkafka::types::RDKafkaErrorCode as Code;
+    match error.rdkafka_error_code() {
+        Some(Code::MessageTimedOut | Code::RequestTimedOut | Code::QueueFull) => {
+            PublishErrorKind::Timeout
+        }
+        Some(Code::AllBrokersDown | Code::BrokerTransportFailure | Code::NotEnoughReplicas) => {
+            PublishErrorKind::Disconnected
+        }
+        Some(Code::MessageSizeTooLarge | Code::MessageBatchTooLarge) => PublishErrorKind::TooLarge,
+        Some(Code::UnknownTopicOrPartition | Code::UnknownTopic | Code::InvalidTopic) => {
+            PublishErrorKind::NoSuchAddress
+        }
+        Some(Code::TopicAuthorizationFailed | Code::ClusterAuthorizationFailed) => {
+            PublishErrorKind::NotAuthorized
+        }
+        _ => PublishErrorKind::Rejected,
     }
 }
 

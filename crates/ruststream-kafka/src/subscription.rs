@@ -199,6 +199,26 @@ impl KafkaSubscription {
         (delivery, receipt)
     }
 
+    /// `Commit::Auto`: reads `receipt`'s record again. Its offset is stored back (so a
+    /// commit meanwhile, or the one on close, does not pass it) and the partition sought
+    /// back to it; records after it come again too (SPEC G3).
+    fn rewind(&self, receipt: &KafkaReceipt) -> Result<(), AckError> {
+        let Some(consumer) = self.consumer.as_ref() else {
+            return Ok(());
+        };
+        let (topic, partition, offset) = (&*receipt.topic, receipt.partition, receipt.offset);
+        let failed = |what: &str, e: rdkafka::error::KafkaError| {
+            AckError::Failed(format!("{what} {topic}/{partition} to offset {offset}: {e}"))
+        };
+        // `store_offset` stores the offset after the one given.
+        consumer
+            .store_offset(topic, partition, offset - 1)
+            .map_err(|e| failed("storing back", e))?;
+        consumer
+            .seek(topic, partition, rdkafka::Offset::Offset(offset), Duration::ZERO)
+            .map_err(|e| failed("seeking", e))
+    }
+
     /// The stored position of a partition (`Commit::Tracked`), for tests and metrics.
     pub fn stored_position(&self, topic: &str, partition: i32) -> Option<i64> {
         self.book.stored(topic, partition)
@@ -229,6 +249,12 @@ impl Subscription for KafkaSubscription {
             self.book.forget_moved_partitions();
             return match result {
                 Ok(message) => {
+                    if self.commit == Commit::Auto
+                        && let Err(e) = consumer.store_offset_from_message(&message)
+                    {
+                        // As librdkafka's own automatic store would, at hand-over (K2).
+                        tracing::warn!(address = &*self.address, error = %e, "storing the offset at hand-over failed");
+                    }
                     let (delivery, receipt) = self.delivery(&message);
                     if let Some(window) = &mut self.window {
                         window.handed_out(&receipt);
@@ -242,6 +268,7 @@ impl Subscription for KafkaSubscription {
 
     async fn settle(&mut self, receipt: KafkaReceipt, settle: Settle) -> Result<(), AckError> {
         match (self.commit, settle) {
+            (Commit::Auto, Settle::Redeliver) => self.rewind(&receipt),
             (Commit::Auto, _) => Ok(()),
             (Commit::Transactional, _) => {
                 let position = match settle {

@@ -11,6 +11,7 @@ use ruststream_core::{
 
 use crate::headers::from_nats;
 use crate::publish::NatsPublisher;
+use crate::subject;
 
 /// One Core subject, optionally in a queue group. Its retry address is the subject
 /// itself: a retry copy is published there (SPEC N5).
@@ -118,6 +119,10 @@ impl Descriptor for CoreSubject {
         wildcard_rule(&self.subject, false)
     }
 
+    fn address_rule(&self, address: &str) -> Option<String> {
+        subject::publish_rule(address)
+    }
+
     fn publisher(&self) -> Arc<dyn Publish> {
         Arc::new(NatsPublisher::new(self.client.clone()))
     }
@@ -144,6 +149,14 @@ impl Descriptor for CoreWildcard {
 
     fn check(&self, _declaration: &Declaration) -> Vec<String> {
         wildcard_rule(&self.pattern, true)
+    }
+
+    fn reads(&self, address: &str) -> bool {
+        subject::matches(&self.pattern, address)
+    }
+
+    fn address_rule(&self, address: &str) -> Option<String> {
+        subject::publish_rule(address)
     }
 
     fn publisher(&self) -> Arc<dyn Publish> {

@@ -18,6 +18,7 @@ use tokio::time::Instant;
 
 use crate::headers::from_nats;
 use crate::publish::NatsPublisher;
+use crate::subject;
 
 /// The server's default `ack_wait`.
 pub const DEFAULT_ACK_WAIT: Duration = Duration::from_secs(30);
@@ -33,6 +34,7 @@ pub const CAPABILITIES: Capabilities = Capabilities {
     dead_letters: DeadLetters::Runtime,
     holds_original: true,
     redeliver_in_place: false,
+    rewinds: false,
 };
 
 /// A JetStream stream read through a durable pull consumer, created (or updated) on
@@ -132,6 +134,17 @@ impl Descriptor for JetStreamConsumer {
         CAPABILITIES
     }
 
+    fn reads(&self, address: &str) -> bool {
+        // Without a filter the stream's subjects decide; `open` asks the server.
+        self.filter_subject
+            .as_deref()
+            .is_some_and(|filter| subject::matches(filter, address))
+    }
+
+    fn address_rule(&self, address: &str) -> Option<String> {
+        subject::publish_rule(address)
+    }
+
     fn check(&self, _declaration: &Declaration) -> Vec<String> {
         let mut broken = Vec::new();
         if self.ack_wait.is_zero() {
@@ -172,12 +185,32 @@ impl Descriptor for JetStreamConsumer {
                 );
             }
         }
-        let stream = jetstream.get_stream(&self.stream).await.map_err(|e| {
+        let mut stream = jetstream.get_stream(&self.stream).await.map_err(|e| {
             SubscribeError::new(
                 &address,
                 format!("JetStream stream `{}` cannot be read: {e}", self.stream),
             )
         })?;
+        if let (None, Some(dead)) = (&self.filter_subject, declaration.dead_letter.as_deref()) {
+            // Unfiltered, the consumer reads whatever the stream captures (SPEC G4).
+            let info = stream.info().await.map_err(|e| {
+                SubscribeError::new(&address, format!("stream `{}` info: {e}", self.stream))
+            })?;
+            if let Some(captures) = info
+                .config
+                .subjects
+                .iter()
+                .find(|s| subject::matches(s, dead))
+            {
+                return Err(SubscribeError::new(
+                    &address,
+                    format!(
+                        "the dead-letter subject `{dead}` is captured by this consumer's own stream `{}` (subject `{captures}`), so every dead letter would be handled again without end",
+                        self.stream
+                    ),
+                ));
+            }
+        }
         let config = pull::Config {
             durable_name: Some(self.consumer.clone()),
             filter_subject: self.filter_subject.clone().unwrap_or_default(),
@@ -207,11 +240,13 @@ impl Descriptor for JetStreamConsumer {
             })?;
         // Running deliveries are tracked only for the keepalive.
         let in_progress: Option<InProgress> = self.keepalive.then(Default::default);
+        let deadline = declaration.handler_timeout;
         let keepalive = in_progress.as_ref().map(|running| {
             tokio::spawn(keep_alive(
                 self.client.clone(),
                 Arc::clone(running),
                 self.ack_wait,
+                deadline,
             ))
         });
         Ok(JetStreamSubscription {
@@ -228,16 +263,36 @@ impl Descriptor for JetStreamConsumer {
 /// A delivery's consumer sequence (unique per delivery) and its ack subject.
 type Receipt = (u64, Subject);
 
-/// Running deliveries by consumer sequence: ack subject and when progress was last told.
-type InProgress = Arc<Mutex<HashMap<u64, (Subject, Instant)>>>;
+/// A delivery handed to the runtime and not settled yet.
+struct Running {
+    reply: Subject,
+    /// When it was handed over.
+    since: Instant,
+    /// When progress was last told.
+    told: Instant,
+}
 
-fn lock(map: &InProgress) -> std::sync::MutexGuard<'_, HashMap<u64, (Subject, Instant)>> {
+/// Running deliveries by consumer sequence.
+type InProgress = Arc<Mutex<HashMap<u64, Running>>>;
+
+fn lock(map: &InProgress) -> std::sync::MutexGuard<'_, HashMap<u64, Running>> {
     map.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Tells the server that deliveries still running after half of `ack_wait` are in
-/// progress (`+WPI`), which restarts their `ack_wait`.
-async fn keep_alive(client: Client, in_progress: InProgress, ack_wait: Duration) {
+/// progress (`+WPI`), which restarts their `ack_wait`; never past the handler deadline
+/// (SPEC D3), so a handler that cannot be cancelled (one that blocks its thread) still
+/// lets the server redeliver after `ack_wait`.
+///
+/// The keepalive sees when a delivery was handed over, not when its handler started: it
+/// may wait behind one running and one queued delivery of its lane first, each cut at
+/// the deadline. So a delivery is kept alive for at most three deadlines from hand-over.
+async fn keep_alive(
+    client: Client,
+    in_progress: InProgress,
+    ack_wait: Duration,
+    deadline: Option<Duration>,
+) {
     let half = ack_wait / 2;
     let mut tick = tokio::time::interval((ack_wait / 4).max(Duration::from_millis(20)));
     loop {
@@ -245,10 +300,11 @@ async fn keep_alive(client: Client, in_progress: InProgress, ack_wait: Duration)
         let now = Instant::now();
         let due: Vec<Subject> = lock(&in_progress)
             .values_mut()
-            .filter(|(_, since)| now.duration_since(*since) >= half)
-            .map(|(reply, since)| {
-                *since = now;
-                reply.clone()
+            .filter(|r| now.duration_since(r.told) >= half)
+            .filter(|r| deadline.is_none_or(|d| now.duration_since(r.since) < d * 3))
+            .map(|r| {
+                r.told = now;
+                r.reply.clone()
             })
             .collect();
         for reply in due {
@@ -305,7 +361,15 @@ impl Subscription for JetStreamSubscription {
                 continue;
             };
             if let Some(running) = &self.in_progress {
-                lock(running).insert(tag, (reply.clone(), Instant::now()));
+                let now = Instant::now();
+                lock(running).insert(
+                    tag,
+                    Running {
+                        reply: reply.clone(),
+                        since: now,
+                        told: now,
+                    },
+                );
             }
             let address = if *self.address == *message.subject.as_str() {
                 Arc::clone(&self.address)

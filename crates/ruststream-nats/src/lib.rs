@@ -63,6 +63,7 @@ mod core;
 mod headers;
 mod jetstream;
 mod publish;
+mod subject;
 
 use std::sync::Arc;
 

@@ -133,8 +133,15 @@ impl NatsPublisher {
         payload: Bytes,
     ) -> Result<(), PublishError> {
         let map = to_nats(headers, subject)?;
-        let failed = |e: &dyn std::fmt::Display| {
-            PublishError::new(subject, PublishErrorKind::Disconnected, e)
+        let failed = |e: &async_nats::PublishError| {
+            let kind = match e.kind() {
+                async_nats::client::PublishErrorKind::MaxPayloadExceeded => {
+                    PublishErrorKind::TooLarge
+                }
+                async_nats::client::PublishErrorKind::InvalidSubject => PublishErrorKind::Rejected,
+                async_nats::client::PublishErrorKind::Send => PublishErrorKind::Disconnected,
+            };
+            PublishError::new(subject, kind, e)
         };
         let subject_owned = subject.to_owned();
         match map {
@@ -146,7 +153,10 @@ impl NatsPublisher {
             None => self.client.publish(subject_owned, payload).await,
         }
         .map_err(|e| failed(&e))?;
-        self.client.flush().await.map_err(|e| failed(&e))
+        self.client
+            .flush()
+            .await
+            .map_err(|e| PublishError::new(subject, PublishErrorKind::Disconnected, e))
     }
 
     /// Publishes to the JetStream stream that captures `subject` and waits for its
@@ -166,19 +176,13 @@ impl NatsPublisher {
         if let Some(id) = msg_id {
             message = message.message_id(id);
         }
-        let kind = |k: JsPublishErrorKind| match k {
-            JsPublishErrorKind::TimedOut => PublishErrorKind::Timeout,
-            JsPublishErrorKind::StreamNotFound => PublishErrorKind::NoResponders,
-            JsPublishErrorKind::BrokenPipe => PublishErrorKind::Disconnected,
-            _ => PublishErrorKind::Rejected,
-        };
         let ack = self
             .jetstream
             .send_publish(subject.to_owned(), message)
             .await
-            .map_err(|e| PublishError::new(subject, kind(e.kind()), &e))?
+            .map_err(|e| PublishError::new(subject, js_kind(&e), &e))?
             .await
-            .map_err(|e| PublishError::new(subject, kind(e.kind()), &e))?;
+            .map_err(|e| PublishError::new(subject, js_kind(&e), &e))?;
         Ok(Stored {
             stream: ack.stream,
             sequence: ack.sequence,
@@ -221,6 +225,36 @@ impl NatsPublisher {
             })?;
         serde_json::from_slice(&reply.payload).map_err(|e| codec(format!("decode reply: {e}")))
     }
+}
+
+/// What a failed JetStream publish was: the stream's own refusal (its error code names
+/// it) is permanent; a failure without the server's answer is transient (SPEC G3).
+fn js_kind(e: &async_nats::jetstream::context::PublishError) -> PublishErrorKind {
+    use async_nats::jetstream::ErrorCode;
+    match e.kind() {
+        JsPublishErrorKind::TimedOut => return PublishErrorKind::Timeout,
+        JsPublishErrorKind::BrokenPipe => return PublishErrorKind::Disconnected,
+        JsPublishErrorKind::StreamNotFound => return PublishErrorKind::NoSuchAddress,
+        JsPublishErrorKind::MaxPayloadExceeded => return PublishErrorKind::TooLarge,
+        _ => {}
+    }
+    let mut link = std::error::Error::source(e);
+    while let Some(error) = link {
+        if let Some(js) = error.downcast_ref::<async_nats::jetstream::Error>() {
+            return match js.error_code() {
+                ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM => PublishErrorKind::TooLarge,
+                ErrorCode::STREAM_STORE_FAILED
+                | ErrorCode::STORAGE_RESOURCES_EXCEEDED
+                | ErrorCode::MEMORY_RESOURCES_EXCEEDED
+                | ErrorCode::ACCOUNT_RESOURCES_EXCEEDED => PublishErrorKind::Full,
+                ErrorCode::STREAM_NOT_FOUND => PublishErrorKind::NoSuchAddress,
+                _ => PublishErrorKind::Rejected,
+            };
+        }
+        link = error.source();
+    }
+    // No answer from the stream: the request did not get through.
+    PublishErrorKind::Disconnected
 }
 
 /// True when the failed "which stream captures this subject?" question was answered: no

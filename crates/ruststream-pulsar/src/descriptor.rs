@@ -110,7 +110,17 @@ impl Descriptor for PulsarTopic {
             dead_letters: DeadLetters::Broker,
             holds_original: true,
             redeliver_in_place: false,
+            rewinds: false,
         }
+    }
+
+    fn reads(&self, address: &str) -> bool {
+        let wanted = full_name(address);
+        self.topics.iter().any(|t| full_name(t) == wanted)
+    }
+
+    fn address_rule(&self, address: &str) -> Option<String> {
+        topic_rule(address)
     }
 
     fn check(&self, declaration: &Declaration) -> Vec<String> {
@@ -177,5 +187,52 @@ impl Descriptor for PulsarTopic {
             self.counts(),
             declaration.max_attempts,
         ))
+    }
+}
+
+/// A topic name as the broker resolves it: `orders` is
+/// `persistent://public/default/orders`.
+fn full_name(topic: &str) -> String {
+    if topic.contains("://") {
+        topic.to_owned()
+    } else if topic.matches('/').count() == 2 {
+        format!("persistent://{topic}")
+    } else {
+        format!("persistent://public/default/{topic}")
+    }
+}
+
+/// Why `topic` is not a Pulsar topic name a producer can use, or `None`.
+fn topic_rule(topic: &str) -> Option<String> {
+    if topic.is_empty() || topic.contains(char::is_whitespace) {
+        return Some("a Pulsar topic name is not empty and holds no whitespace".to_owned());
+    }
+    let full = full_name(topic);
+    let Some((scheme, path)) = full.split_once("://") else {
+        return Some("not a Pulsar topic name".to_owned());
+    };
+    if scheme != "persistent" && scheme != "non-persistent" {
+        return Some(format!("`{scheme}://` is neither persistent:// nor non-persistent://"));
+    }
+    let parts: Vec<&str> = path.split('/').collect();
+    if parts.len() != 3 || parts.iter().any(|p| p.is_empty()) {
+        return Some("a Pulsar topic is `name`, `tenant/namespace/name` or `persistent://tenant/namespace/name`".to_owned());
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn g4_pulsar_names_resolve_like_the_broker() {
+        assert_eq!(full_name("orders"), "persistent://public/default/orders");
+        assert_eq!(full_name("t/ns/orders"), "persistent://t/ns/orders");
+        assert_eq!(topic_rule("orders-dead"), None);
+        assert_eq!(topic_rule("persistent://public/default/orders-dead"), None);
+        for bad in ["", "a b", "ftp://x/y/z", "a/b", "persistent://a//c"] {
+            assert!(topic_rule(bad).is_some(), "{bad:?}");
+        }
     }
 }

@@ -78,7 +78,8 @@ mod key_shared {
         round_trip, ack_is_final, retry_is_the_next_attempt, retry_after_waits,
         e3_stop_drains_and_settles, lanes_keep_per_key_order, e1_undecodable_is_dead_lettered,
         empty_and_large_payloads_arrive_intact, e2_a_panic_is_a_failed_attempt, drop_is_final,
-        competing_consumers_share_the_work, e4_broken_registrations_are_all_refused);
+        competing_consumers_share_the_work, e4_broken_registrations_are_all_refused,
+        g4_unbounded_registrations_are_refused, g1_a_hung_handler_is_cancelled_at_its_deadline);
 }
 
 /// The scenarios that neither retry nor cap: Exclusive and Failover count no attempts (P4)
@@ -93,7 +94,8 @@ mod exclusive {
     }
     ruststream::conformance_tests!(@each bed();
         round_trip, ack_is_final, e3_stop_drains_and_settles, lanes_keep_per_key_order,
-        empty_and_large_payloads_arrive_intact, e4_broken_registrations_are_all_refused);
+        empty_and_large_payloads_arrive_intact, e4_broken_registrations_are_all_refused,
+        g4_unbounded_registrations_are_refused);
 }
 
 /// As for Exclusive.
@@ -106,5 +108,6 @@ mod failover {
     }
     ruststream::conformance_tests!(@each bed();
         round_trip, ack_is_final, e3_stop_drains_and_settles, lanes_keep_per_key_order,
-        empty_and_large_payloads_arrive_intact, e4_broken_registrations_are_all_refused);
+        empty_and_large_payloads_arrive_intact, e4_broken_registrations_are_all_refused,
+        g4_unbounded_registrations_are_refused);
 }

@@ -16,6 +16,10 @@ use crate::state::StateMap;
 /// How long running handlers get to finish on stop, unless set.
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The handler deadline of every registration that sets none (SPEC G1): past it a call
+/// is cancelled and counts as a failed attempt. Equal to JetStream's default `ack_wait`.
+pub const DEFAULT_HANDLER_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// A service: registrations over one or more brokers, and shared state.
 ///
 /// ```
@@ -38,6 +42,7 @@ pub struct App {
     mounts: Vec<Box<dyn Mount>>,
     state: StateMap,
     shutdown_timeout: Duration,
+    handler_timeout: Duration,
     stop_tx: watch::Sender<bool>,
     observer: Option<Arc<dyn Observe>>,
     activity: Arc<Activity>,
@@ -58,6 +63,7 @@ impl fmt::Debug for App {
             )
             .field("state", &self.state)
             .field("shutdown_timeout", &self.shutdown_timeout)
+            .field("handler_timeout", &self.handler_timeout)
             .finish()
     }
 }
@@ -69,6 +75,7 @@ impl App {
             mounts: Vec::new(),
             state: StateMap::default(),
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
+            handler_timeout: DEFAULT_HANDLER_TIMEOUT,
             stop_tx: watch::channel(false).0,
             observer: None,
             activity: Arc::default(),
@@ -93,6 +100,14 @@ impl App {
         self
     }
 
+    /// The handler deadline of registrations that set none with
+    /// [`Registration::timeout`] (default [`DEFAULT_HANDLER_TIMEOUT`], 30 s). Past it a
+    /// call is cancelled and counts as a failed attempt (SPEC G1).
+    pub fn handler_timeout(mut self, deadline: Duration) -> Self {
+        self.handler_timeout = deadline;
+        self
+    }
+
     /// A handle that stops the app, usable before and after it starts.
     pub fn stop_handle(&self) -> StopHandle {
         StopHandle {
@@ -111,7 +126,14 @@ impl App {
 
     /// Every violation of every registration (SPEC E4), without opening anything.
     pub fn validate(&self) -> Result<(), StartError> {
-        let violations: Vec<Violation> = self
+        let app_rules = self.handler_timeout.is_zero().then(|| Violation {
+            registration: "(the app)".to_owned(),
+            address: "-".to_owned(),
+            rule: "the app's handler timeout must be longer than zero".to_owned(),
+        });
+        let violations: Vec<Violation> = app_rules
+            .into_iter()
+            .chain(self
             .mounts
             .iter()
             .flat_map(|m| {
@@ -120,7 +142,7 @@ impl App {
                     address: m.address().to_owned(),
                     rule,
                 })
-            })
+            }))
             .collect();
         if violations.is_empty() {
             Ok(())
@@ -133,10 +155,12 @@ impl App {
     /// On any error nothing keeps running.
     pub async fn start(self) -> Result<Running, StartError> {
         self.validate()?;
+        crate::runtime::quiet_handler_panics();
         let env = Env {
             state: Arc::new(self.state),
             stop: self.stop_tx.subscribe(),
             drain_timeout: self.shutdown_timeout,
+            handler_timeout: self.handler_timeout,
             observer: self.observer,
             activity: self.activity,
         };

@@ -46,6 +46,7 @@
 //! - [`testing::TestApp`] runs the production app on the memory broker and records it.
 
 mod app;
+mod backoff;
 pub mod codec;
 #[cfg(feature = "conformance")]
 pub mod conformance;
@@ -60,14 +61,18 @@ mod runtime;
 mod state;
 pub mod testing;
 
-pub use app::{App, DEFAULT_SHUTDOWN_TIMEOUT, Running, StartError, StopHandle, Violation};
+pub use app::{
+    App, DEFAULT_HANDLER_TIMEOUT, DEFAULT_SHUTDOWN_TIMEOUT, Running, StartError, StopHandle,
+    Violation,
+};
+pub use backoff::Backoff;
 pub use codec::{Codec, Json};
 pub use extract::{
     Context, Decoded, FromDelivery, Incoming, Message, Meta, Payload, Rejection, ReplyTo, State,
 };
 pub use handler::{Completion, Handler, IntoOutcome};
 pub use publisher::{PublishBuilder, Publisher};
-pub use registration::{FailurePolicy, LaneKey, Registration, on};
+pub use registration::{FailurePolicy, LaneKey, MAX_LANES, Registration, on};
 pub use ruststream_core as core;
 pub use ruststream_core::{
     AckError, Attempt, AttemptSource, Delivery, HandlerOutcome, Headers, Metadata, Outgoing,

@@ -2,8 +2,11 @@
 
 use std::any::type_name;
 use std::sync::Arc;
+use std::time::Duration;
 
-use ruststream_core::{Declaration, Descriptor, may_copy};
+use ruststream_core::{Declaration, DeadLetters, DelayedRedelivery, Descriptor, may_copy};
+
+use crate::backoff::Backoff;
 
 use crate::handler::{Handler, HandlerService};
 use crate::middleware::{Layer, Service};
@@ -83,7 +86,13 @@ pub(crate) struct Options {
     pub(crate) lanes: usize,
     pub(crate) lane_key: LaneKey,
     pub(crate) failure_policy: FailurePolicy,
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) backoff: Option<Backoff>,
 }
+
+/// The most lanes one registration may run (SPEC G4): lanes are futures of one task, and
+/// past this a registration is better split.
+pub const MAX_LANES: usize = 1024;
 
 impl Default for Options {
     fn default() -> Self {
@@ -94,6 +103,8 @@ impl Default for Options {
             lanes: 1,
             lane_key: LaneKey::Key,
             failure_policy: FailurePolicy::DeadLetter,
+            timeout: None,
+            backoff: None,
         }
     }
 }
@@ -134,9 +145,32 @@ impl<D: Descriptor, S: Service> Registration<D, S> {
         self
     }
 
-    /// Runs up to `n` deliveries at once, keeping per-key order (default 1).
+    /// Runs up to `n` deliveries concurrently, keeping per-key order (default 1, at most
+    /// [`MAX_LANES`]). Lanes share one task: they overlap while handlers wait on I/O, not
+    /// while a handler computes or blocks (move such work to `spawn_blocking`).
     pub fn lanes(mut self, n: usize) -> Self {
         self.options.lanes = n;
+        self
+    }
+
+    /// The handler deadline (SPEC G1; default the app's
+    /// [`handler_timeout`](crate::App::handler_timeout), 30 s unless set). A call still
+    /// running past it is cancelled (its future dropped), logged with the registration,
+    /// address, attempt and deadline, and counts as a failed attempt: a `retry()` under
+    /// the registration's `max_attempts` and dead letter. A JetStream keepalive stops at
+    /// the deadline too.
+    pub fn timeout(mut self, deadline: Duration) -> Self {
+        self.options.timeout = Some(deadline);
+        self
+    }
+
+    /// Turns every `retry()` (and every error, panic and timeout, which count as one)
+    /// into `retry_after(backoff.delay(attempt))`, so a failing delivery comes back later
+    /// through the transport's own delay path instead of at once (SPEC G2). Without it a
+    /// `retry()` is redelivered at once, as the spec names for each broker; an in-place
+    /// rerun (Kafka `Commit::Tracked`) still waits a floor of 10 ms doubling to 1 s.
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.options.backoff = Some(backoff);
         self
     }
 
@@ -174,6 +208,7 @@ impl<D: Descriptor, S: Service> Registration<D, S> {
             max_attempts: self.options.max_attempts,
             dead_letter: self.options.dead_letter.as_deref().map(Arc::from),
             retry_address: retry.map(Arc::from),
+            handler_timeout: None,
         }
     }
 
@@ -190,6 +225,25 @@ impl<D: Descriptor, S: Service> Registration<D, S> {
         if self.options.lanes == 0 {
             broken.push("lanes must be at least 1".to_owned());
         }
+        if self.options.lanes > MAX_LANES {
+            broken.push(format!(
+                "lanes({}) is above the bound of {MAX_LANES}; split the work over registrations",
+                self.options.lanes
+            ));
+        }
+        if self.options.timeout.is_some_and(|d| d.is_zero()) {
+            broken.push("the handler timeout must be longer than zero".to_owned());
+        }
+        if let (Some(backoff), DelayedRedelivery::Held { limit: Some(limit) }) =
+            (self.options.backoff, capabilities.delayed_redelivery)
+            && backoff.max() >= limit
+        {
+            broken.push(format!(
+                "the backoff reaches {:?}, not shorter than the subscription's limit of {limit:?} \
+                 (the broker would bring the message back first)",
+                backoff.max()
+            ));
+        }
         if declaration.retry_address.is_none() && may_copy(&declaration, &capabilities) {
             broken.push(
                 "the descriptor reads several addresses and this broker brings messages back by \
@@ -198,17 +252,35 @@ impl<D: Descriptor, S: Service> Registration<D, S> {
             );
         }
         if let Some(dead) = &self.options.dead_letter {
-            if dead == self.descriptor.address() {
-                broken.push(format!(
-                    "the dead-letter address `{dead}` is the address this registration reads"
-                ));
-            }
             if dead.is_empty() {
                 broken.push("the dead-letter address is empty".to_owned());
+            } else if let Some(rule) = self.descriptor.address_rule(dead) {
+                broken.push(format!("the dead-letter address `{dead}`: {rule}"));
+            }
+            if self.descriptor.reads(dead) {
+                broken.push(format!(
+                    "the dead-letter address `{dead}` is read by this registration itself, \
+                     so every dead letter would be handled again without end"
+                ));
+            }
+            // The broker's own dead-letter policy (Pulsar) says this its own way (P6).
+            if self.options.max_attempts.is_none()
+                && capabilities.dead_letters == DeadLetters::Runtime
+            {
+                broken.push(format!(
+                    "a dead letter (`{dead}`) without max_attempts is never reached: a failing \
+                     delivery is retried forever; set .max_attempts(n)"
+                ));
             }
         }
-        if self.options.retry_to.as_deref() == Some("") {
-            broken.push("the retry address is empty".to_owned());
+        match self.options.retry_to.as_deref() {
+            Some("") => broken.push("the retry address is empty".to_owned()),
+            Some(retry) => {
+                if let Some(rule) = self.descriptor.address_rule(retry) {
+                    broken.push(format!("the retry address `{retry}`: {rule}"));
+                }
+            }
+            None => {}
         }
         broken.extend(self.descriptor.check(&declaration));
         broken.extend((self.requirements)(state));

@@ -37,6 +37,7 @@ impl Descriptor for SeveralAddresses {
             dead_letters: DeadLetters::Runtime,
             holds_original: true,
             redeliver_in_place: false,
+            rewinds: false,
         }
     }
     fn publisher(&self) -> Arc<dyn Publish> {

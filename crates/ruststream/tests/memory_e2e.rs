@@ -412,7 +412,13 @@ async fn e4_refusal_lists_every_broken_rule_of_every_registration() {
         .collect();
     assert_eq!(
         names,
-        vec![("zero", "a"), ("zero", "a"), ("state", "b"), ("loop", "c")]
+        vec![
+            ("zero", "a"),
+            ("zero", "a"),
+            ("state", "b"),
+            ("loop", "c"),
+            ("loop", "c")
+        ]
     );
     let text = err.to_string();
     assert!(text.contains("max_attempts must be at least 1"), "{text}");

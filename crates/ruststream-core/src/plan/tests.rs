@@ -17,6 +17,7 @@ const KAFKA_AUTO: Capabilities = Capabilities {
     dead_letters: DeadLetters::Runtime,
     holds_original: false,
     redeliver_in_place: false,
+    rewinds: false,
 };
 const KAFKA_TRACKED: Capabilities = Capabilities {
     ack: Verb::Native,
@@ -27,6 +28,7 @@ const KAFKA_TRACKED: Capabilities = Capabilities {
     dead_letters: DeadLetters::Runtime,
     holds_original: true,
     redeliver_in_place: true,
+    rewinds: false,
 };
 // Transactional settles like Tracked; its `Redeliver` aborts the open window.
 const KAFKA_TRANSACTIONAL: Capabilities = KAFKA_TRACKED;
@@ -39,6 +41,7 @@ const JETSTREAM: Capabilities = Capabilities {
     dead_letters: DeadLetters::Runtime,
     holds_original: true,
     redeliver_in_place: false,
+    rewinds: false,
 };
 const CORE: Capabilities = Capabilities::NOTHING;
 const PULSAR_SHARED: Capabilities = Capabilities {
@@ -52,6 +55,7 @@ const PULSAR_SHARED: Capabilities = Capabilities {
     dead_letters: DeadLetters::Broker,
     holds_original: true,
     redeliver_in_place: false,
+    rewinds: false,
 };
 const PULSAR_EXCLUSIVE: Capabilities = Capabilities {
     native_count: false,
@@ -65,6 +69,7 @@ fn undeclared(retry_address: Option<&str>) -> Declaration {
         max_attempts: None,
         dead_letter: None,
         retry_address: retry_address.map(Arc::from),
+        handler_timeout: None,
     }
 }
 
@@ -73,6 +78,7 @@ fn capped(max: u32, dead_letter: Option<&str>) -> Declaration {
         max_attempts: Some(max),
         dead_letter: dead_letter.map(Arc::from),
         retry_address: Some(Arc::from("orders")),
+        handler_timeout: None,
     }
 }
 
@@ -252,6 +258,7 @@ fn k7_dead_letter_alone_puts_retry_on_the_copy_path() {
         max_attempts: None,
         dead_letter: Some(Arc::from("orders.dlq")),
         retry_address: Some(Arc::from("orders")),
+        handler_timeout: None,
     };
     assert_eq!(
         run(HandlerOutcome::retry(), 7, &d, &KAFKA_AUTO),
@@ -551,6 +558,7 @@ fn p5_broker_dead_letter_policy_means_the_runtime_only_nacks() {
         max_attempts: Some(3),
         dead_letter: Some(Arc::from("orders-dlq")),
         retry_address: None,
+        handler_timeout: None,
     };
     // Even at the cap the client's policy, not the runtime, moves the message.
     assert_eq!(

@@ -809,7 +809,7 @@ pub async fn e4_broken_registrations_are_all_refused(bed: impl Bed) {
         ("no-attempts", "max_attempts must be at least 1"),
         (
             "dead-letters-to-itself",
-            "is the address this registration reads",
+            "is read by this registration itself",
         ),
     ] {
         assert!(
@@ -820,6 +820,104 @@ pub async fn e4_broken_registrations_are_all_refused(bed: impl Bed) {
         );
     }
     assert_eq!(log.len(), 0, "no handler ran");
+}
+
+/// SPEC G4: a dead letter without `max_attempts` (never reached), a dead letter the
+/// registration reads itself (handled again without end), a lane count above the bound
+/// and a zero handler deadline are all refused at start, each named.
+pub async fn g4_unbounded_registrations_are_refused(bed: impl Bed) {
+    let address = bed.address().await;
+    let dead = bed.address().await;
+    let log = Log::default();
+    let handler = || recorder(log.clone(), |_| HandlerOutcome::ack());
+    let refused = App::new()
+        .register(
+            on(bed.subscribe(&address, "suite"), handler())
+                .name("uncapped")
+                .dead_letter(&dead),
+        )
+        .register(
+            on(bed.subscribe(&address, "suite"), handler())
+                .name("reads-its-dead-letter")
+                .max_attempts(2)
+                .dead_letter(&address),
+        )
+        .register(
+            on(bed.subscribe(&address, "suite"), handler())
+                .name("too-many-lanes")
+                .lanes(crate::MAX_LANES + 1),
+        )
+        .register(
+            on(bed.subscribe(&address, "suite"), handler())
+                .name("no-time")
+                .timeout(Duration::ZERO),
+        )
+        .start()
+        .await;
+    let violations = match refused {
+        Err(crate::StartError::Invalid(violations)) => violations,
+        Err(other) => panic!("refused for another reason: {other}"),
+        Ok(_) => panic!("an app with unbounded registrations started"),
+    };
+    for (registration, rule) in [
+        ("uncapped", "without max_attempts"),
+        ("reads-its-dead-letter", "is read by this registration itself"),
+        ("too-many-lanes", "above the bound"),
+        ("no-time", "timeout must be longer than zero"),
+    ] {
+        assert!(
+            violations.iter().any(|v| v.registration == registration
+                && v.address == address
+                && v.rule.contains(rule)),
+            "no violation of `{rule}` by `{registration}` on `{address}` in {violations:?}"
+        );
+    }
+    assert_eq!(log.len(), 0, "no handler ran");
+}
+
+/// SPEC G1: a handler that never returns is cancelled at its deadline, and the attempt
+/// counts as failed: the delivery comes back as the next attempt.
+pub async fn g1_a_hung_handler_is_cancelled_at_its_deadline(bed: impl Bed) {
+    let address = bed.address().await;
+    let dead = bed.address().await;
+    let log = Log::default();
+    let deadline = Duration::from_millis(500);
+    let hang_first = {
+        let log = log.clone();
+        move |d: Delivery| {
+            let log = log.clone();
+            async move {
+                log.push(&d);
+                if d.attempt().number() == 1 {
+                    std::future::pending::<()>().await;
+                }
+                HandlerOutcome::ack()
+            }
+        }
+    };
+    let app = App::new()
+        .register(
+            on(bed.subscribe(&address, "suite"), hang_first)
+                .timeout(deadline)
+                .max_attempts(3)
+                .dead_letter(dead),
+        )
+        .start()
+        .await
+        .expect("start");
+    tokio::time::sleep(bed.warm_up()).await;
+    publish(&bed, &address, None, &[], b"hangs once").await;
+    until(Duration::from_secs(30), "back after the deadline", || {
+        log.len() == 2
+    })
+    .await;
+    let runs = log.all();
+    assert_eq!(runs[1].0.attempt().number(), 2, "the cancelled run counted");
+    assert!(
+        runs[1].1 - runs[0].1 >= deadline - Duration::from_millis(20),
+        "cancelled no earlier than its deadline"
+    );
+    app.stop().await;
 }
 
 /// Header values a careless or hostile producer may send (not UTF-8, a line break that
@@ -910,7 +1008,7 @@ pub async fn hostile_headers_arrive_intact_or_are_refused_by_name(bed: impl Bed)
 #[macro_export]
 macro_rules! conformance_tests {
     ($bed:expr) => {
-        $crate::conformance_tests!(@each $bed; round_trip, ack_is_final, retry_is_the_next_attempt, retry_after_waits, cap_and_dead_letter, e3_stop_drains_and_settles, e1_undecodable_is_dead_lettered, forged_retry_counts_end_in_one_dead_letter, empty_and_large_payloads_arrive_intact, e2_a_panic_is_a_failed_attempt, drop_is_final, retry_path_follows_the_capabilities, competing_consumers_share_the_work, e4_broken_registrations_are_all_refused, hostile_headers_arrive_intact_or_are_refused_by_name);
+        $crate::conformance_tests!(@each $bed; round_trip, ack_is_final, retry_is_the_next_attempt, retry_after_waits, cap_and_dead_letter, e3_stop_drains_and_settles, e1_undecodable_is_dead_lettered, forged_retry_counts_end_in_one_dead_letter, empty_and_large_payloads_arrive_intact, e2_a_panic_is_a_failed_attempt, drop_is_final, retry_path_follows_the_capabilities, competing_consumers_share_the_work, e4_broken_registrations_are_all_refused, hostile_headers_arrive_intact_or_are_refused_by_name, g4_unbounded_registrations_are_refused, g1_a_hung_handler_is_cancelled_at_its_deadline);
     };
     ($bed:expr, keys) => {
         $crate::conformance_tests!($bed);

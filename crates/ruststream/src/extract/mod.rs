@@ -34,6 +34,11 @@ impl Incoming {
         &self.context
     }
 
+    /// The delivery runs again in place: one attempt more.
+    pub(crate) fn count_attempt(&mut self) {
+        self.delivery.count_attempt();
+    }
+
     pub(crate) fn into_delivery(self) -> Delivery {
         self.delivery
     }

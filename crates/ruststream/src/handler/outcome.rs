@@ -18,6 +18,9 @@ pub enum Completion {
     Rejected(Rejection),
     /// The handler panicked; the panic message. Treated as `retry()` (SPEC E2).
     Panicked(String),
+    /// The handler ran past its deadline and was cancelled (SPEC G1). Treated as
+    /// `retry()`: a failed attempt.
+    TimedOut(std::time::Duration),
 }
 
 impl Completion {
@@ -26,7 +29,9 @@ impl Completion {
     pub fn outcome(&self) -> Option<HandlerOutcome> {
         match self {
             Self::Outcome(o) => Some(*o),
-            Self::Failed(_) | Self::Panicked(_) => Some(HandlerOutcome::retry()),
+            Self::Failed(_) | Self::Panicked(_) | Self::TimedOut(_) => {
+                Some(HandlerOutcome::retry())
+            }
             Self::Rejected(_) => None,
         }
     }
@@ -39,6 +44,7 @@ impl fmt::Display for Completion {
             Self::Failed(e) => write!(f, "error: {e}"),
             Self::Rejected(r) => write!(f, "rejected: {r}"),
             Self::Panicked(p) => write!(f, "panicked: {p}"),
+            Self::TimedOut(d) => write!(f, "cancelled past its deadline of {d:?}"),
         }
     }
 }

@@ -68,6 +68,7 @@ impl Descriptor for MemoryTopic {
                 dead_letters: DeadLetters::Runtime,
                 holds_original: true,
                 redeliver_in_place: true,
+                rewinds: false,
             }
         } else {
             Capabilities {
@@ -79,6 +80,7 @@ impl Descriptor for MemoryTopic {
                 dead_letters: DeadLetters::Runtime,
                 holds_original: true,
                 redeliver_in_place: false,
+                rewinds: false,
             }
         }
     }

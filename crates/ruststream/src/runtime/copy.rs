@@ -1,14 +1,22 @@
-//! Publishing retry copies and dead letters, confirmed before the original settles.
+//! Publishing retry copies and dead letters, confirmed before the original settles, and
+//! what happens to the original when the broker refuses the copy (SPEC G3).
 
 use std::time::Duration;
 
 use ruststream_core::{
-    Capabilities, Copy, CopyTarget, Declaration, Delivery, Outgoing, Publish, PublishError,
-    PublishErrorKind, RETRY_COUNT_HEADER, Settle, Verb,
+    Capabilities, Copy, CopyTarget, Declaration, DelayedRedelivery, Delivery, Outgoing, Publish,
+    PublishError, PublishErrorKind, RETRY_COUNT_HEADER, Settle, Verb, Verdict, plan,
 };
+use tokio::sync::watch;
 
-/// How often a copy is tried before the original is given back instead.
-const TRIES: u32 = 3;
+use super::driver::Shared;
+use crate::backoff::{Backoff, REFUSAL_BACKOFF};
+
+/// A transient failure (timeout, lost connection) is tried this often, with these waits
+/// between tries, before it counts as a refusal.
+const TRIES: u32 = 4;
+const TRANSIENT_BACKOFF: Backoff =
+    Backoff::exponential(Duration::from_millis(50), Duration::from_secs(2));
 
 /// Builds the copy the plan asks for.
 pub(crate) fn outgoing(
@@ -50,38 +58,143 @@ pub(crate) fn outgoing(
     })
 }
 
-/// Publishes the copy, trying a few times; then says how to settle the original:
-/// as planned when the broker confirmed the copy, else given back to the broker so
-/// nothing is lost (SPEC: a failed publish never loses the original).
-pub(crate) async fn publish(
-    publisher: &dyn Publish,
-    registration: &str,
+/// What becomes of an original whose copy the broker would not take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GiveBack {
+    /// The broker redelivers it after a delay (JetStream `-NAK` with delay; Pulsar held).
+    RedeliverAfter(Option<Duration>),
+    /// The original stays unsettled here while the copy is tried again later (Kafka
+    /// `Tracked` and `Transactional`: the position waits).
+    Hold,
+    /// The read position moves back to it (Kafka `Auto`), after a wait.
+    Rewind,
+    /// Nothing can bring it back (Core NATS): it is lost, and said so.
+    Lost,
+}
+
+fn give_back(capabilities: &Capabilities) -> GiveBack {
+    match capabilities.delayed_redelivery {
+        DelayedRedelivery::Native => GiveBack::RedeliverAfter(None),
+        DelayedRedelivery::Held { limit } => GiveBack::RedeliverAfter(limit),
+        DelayedRedelivery::Unsupported if capabilities.holds_original => GiveBack::Hold,
+        DelayedRedelivery::Unsupported if capabilities.rewinds => GiveBack::Rewind,
+        DelayedRedelivery::Unsupported => GiveBack::Lost,
+    }
+}
+
+/// Waits `delay`, or less when the app is asked to stop; true when the wait ran out.
+pub(crate) async fn wait_unless_stopped(stop: &watch::Receiver<bool>, delay: Duration) -> bool {
+    let mut stop = stop.clone();
+    tokio::select! {
+        () = tokio::time::sleep(delay) => true,
+        _ = stop.wait_for(|stopped| *stopped) => false,
+    }
+}
+
+/// Publishes the copy and says how to settle the original: as planned once the broker
+/// confirmed the copy. When the broker refuses it (SPEC G3), a retry copy too large for
+/// the broker goes to the dead letter instead; otherwise the original comes back later
+/// with a growing delay where the transport can bring it back, and only where nothing
+/// can (Core NATS) is it lost, logged as such.
+pub(crate) async fn deliver<S>(
+    shared: &Shared<S>,
     delivery: &Delivery,
-    copy: &Copy,
-    declaration: &Declaration,
-    capabilities: &Capabilities,
-    planned: Settle,
+    mut copy: Copy,
+    mut planned: Settle,
 ) -> Settle {
-    let result = match outgoing(delivery, copy, declaration) {
-        Ok(message) => publish_with_tries(publisher, message).await,
-        Err(e) => Err(e),
-    };
-    match result {
-        Ok(()) => planned,
-        Err(error) => {
-            let fallback = if capabilities.redeliver == Verb::Native {
-                Settle::Redeliver
-            } else {
-                Settle::Nothing
-            };
-            tracing::error!(
+    let registration = &*shared.registration;
+    let capabilities = &shared.capabilities;
+    let mut held = 0;
+    loop {
+        let result = match outgoing(delivery, &copy, &shared.declaration) {
+            Ok(message) => publish_with_tries(shared.copies.as_ref(), message).await,
+            Err(e) => Err(e),
+        };
+        let error = match result {
+            Ok(()) => {
+                shared.refusals.confirmed(delivery);
+                return planned;
+            }
+            Err(error) => error,
+        };
+        if error.kind == PublishErrorKind::TooLarge
+            && matches!(copy.target, CopyTarget::Retry { .. })
+            && shared.declaration.dead_letter.is_some()
+        {
+            // The retry header made it too large; the message as it arrived fits where
+            // it came from, so it goes to the dead letter unchanged.
+            tracing::warn!(
                 registration,
                 address = delivery.address(),
                 %error,
-                original = ?fallback,
-                "the copy was not confirmed; the original is not settled as planned"
+                "the retry copy is too large for the broker; dead-lettering the message as it arrived"
             );
-            fallback
+            copy = Copy {
+                target: CopyTarget::DeadLetter,
+                delay: Duration::ZERO,
+            };
+            planned = plan(
+                Verdict::Reject,
+                delivery.attempt().number(),
+                &shared.declaration,
+                capabilities,
+            )
+            .settle;
+            continue;
+        }
+        let what = match copy.target {
+            CopyTarget::DeadLetter => "dead letter",
+            CopyTarget::Retry { .. } => "retry copy",
+        };
+        match give_back(capabilities) {
+            GiveBack::RedeliverAfter(limit) => {
+                let mut wait = REFUSAL_BACKOFF.delay(shared.refusals.refused(delivery));
+                if let Some(limit) = limit {
+                    wait = wait.min(limit.saturating_sub(Duration::from_millis(100)));
+                }
+                tracing::error!(
+                    registration, address = delivery.address(), %error, comes_back_in = ?wait,
+                    "the broker refused the {what}; the original comes back later"
+                );
+                return Settle::RedeliverAfter(wait);
+            }
+            GiveBack::Hold => {
+                held += 1;
+                let wait = REFUSAL_BACKOFF.delay(held);
+                tracing::error!(
+                    registration, address = delivery.address(), %error, tries = held, next_try_in = ?wait,
+                    "the broker refused the {what}; the original is held unsettled and the {what} tried again later"
+                );
+                if !wait_unless_stopped(&shared.stop, wait).await {
+                    // Stopping: unsettled, the broker brings it back after the restart.
+                    return Settle::Nothing;
+                }
+            }
+            GiveBack::Rewind => {
+                let wait = REFUSAL_BACKOFF.delay(shared.refusals.refused(delivery));
+                tracing::error!(
+                    registration, address = delivery.address(), %error, read_again_in = ?wait,
+                    "the broker refused the {what}; the original will be read again"
+                );
+                // A stop cuts the wait: the position still moves back before the close.
+                wait_unless_stopped(&shared.stop, wait).await;
+                return Settle::Redeliver;
+            }
+            GiveBack::Lost => {
+                tracing::error!(
+                    registration,
+                    address = delivery.address(),
+                    destination = error.address,
+                    reason = %error.kind,
+                    %error,
+                    "the broker refused the {what} and nothing can bring the original back: the message is lost"
+                );
+                return if capabilities.redeliver == Verb::Native {
+                    Settle::Redeliver
+                } else {
+                    planned
+                };
+            }
         }
     }
 }
@@ -90,16 +203,14 @@ async fn publish_with_tries(
     publisher: &dyn Publish,
     message: Outgoing,
 ) -> Result<(), PublishError> {
-    let mut backoff = Duration::from_millis(50);
     let mut tried = 1;
     loop {
         match publisher.publish(message.clone()).await {
             Ok(()) => return Ok(()),
-            Err(e) if tried >= TRIES => return Err(e),
+            Err(e) if !e.kind.is_transient() || tried >= TRIES => return Err(e),
             Err(e) => {
                 tracing::warn!(address = %message.address, error = %e, tried, "copy not confirmed; trying again");
-                tokio::time::sleep(backoff).await;
-                backoff *= 4;
+                tokio::time::sleep(TRANSIENT_BACKOFF.delay(tried)).await;
                 tried += 1;
             }
         }

@@ -16,6 +16,8 @@ use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep_until};
 
 use super::board::Board;
+use super::refusals::Refusals;
+use crate::backoff::Backoff;
 use super::{Activity, Observe, copy, lane};
 use crate::extract::Context;
 use crate::middleware::Service;
@@ -33,6 +35,14 @@ pub(crate) struct Shared<S> {
     pub(crate) capabilities: Capabilities,
     pub(crate) copies: Arc<dyn Publish>,
     pub(crate) failure_policy: FailurePolicy,
+    /// The handler deadline (SPEC G1).
+    pub(crate) deadline: Duration,
+    /// Turns `retry()` into a delayed redelivery (SPEC G2).
+    pub(crate) backoff: Option<Backoff>,
+    /// Deliveries whose copy the broker refused, and how often in a row (SPEC G3).
+    pub(crate) refusals: Refusals,
+    /// The app's stop signal: waits on a refused copy end at once when it comes.
+    pub(crate) stop: watch::Receiver<bool>,
     pub(crate) observer: Option<Arc<dyn Observe>>,
     pub(crate) activity: Arc<Activity>,
 }
@@ -270,16 +280,7 @@ async fn apply<Sub: Subscription, S: Service>(
                         "stopping: publishing a delayed retry copy before its time so it is not lost"
                     );
                 }
-                let settle = copy::publish(
-                    shared.copies.as_ref(),
-                    &shared.registration,
-                    &delivery,
-                    &copy,
-                    &shared.declaration,
-                    &shared.capabilities,
-                    settle,
-                )
-                .await;
+                let settle = copy::deliver(&shared, &delivery, copy, settle).await;
                 Done::Settle { receipt, settle }
             });
         }

@@ -1,20 +1,20 @@
 //! A lane runs deliveries one at a time, in the order the driver hands them over.
 
 use std::future::poll_fn;
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::pin;
 use std::sync::Arc;
 use std::task::Poll;
 
 use super::board::{Board, Take};
 use super::driver::{Done, Job, Shared};
-use super::unwind::{CatchUnwind, panic_message};
+use super::unwind::{CatchUnwind, Caught, in_handler};
 use super::{Handled, copy};
+use crate::backoff::RERUN_FLOOR;
 use crate::extract::Incoming;
 use crate::handler::Completion;
 use crate::middleware::Service;
 use crate::registration::FailurePolicy;
-use ruststream_core::{Delivery, HandlerOutcome, Plan, Settle, Verdict, plan};
+use ruststream_core::{Delivery, HandlerOutcome, OutcomeKind, Plan, Settle, Verdict, plan};
 
 pub(crate) async fn run<S: Service, R: Send + 'static>(
     shared: Arc<Shared<S>>,
@@ -37,10 +37,11 @@ pub(crate) async fn run<S: Service, R: Send + 'static>(
 }
 
 async fn handle<S: Service, R>(shared: &Shared<S>, job: Job<R>) -> Done<R> {
-    let incoming = Incoming::new(job.delivery, Arc::clone(&shared.context));
+    let mut incoming = Incoming::new(job.delivery, Arc::clone(&shared.context));
+    let mut reruns = 0;
     loop {
-        let completion = call(&shared.service, &incoming).await;
-        let plan = decide(shared, incoming.delivery(), &completion);
+        let (completion, report) = call(shared, &incoming).await;
+        let plan = decide(shared, incoming.delivery(), &completion, report);
         if let Some(observer) = &shared.observer {
             observer.handled(&Handled {
                 registration: &shared.registration,
@@ -52,16 +53,7 @@ async fn handle<S: Service, R>(shared: &Shared<S>, job: Job<R>) -> Done<R> {
         let settle = match plan.copy {
             None => plan.settle,
             Some(c) if c.delay.is_zero() => {
-                copy::publish(
-                    shared.copies.as_ref(),
-                    &shared.registration,
-                    incoming.delivery(),
-                    &c,
-                    &shared.declaration,
-                    &shared.capabilities,
-                    plan.settle,
-                )
-                .await
+                copy::deliver(shared, incoming.delivery(), c, plan.settle).await
             }
             Some(c) => {
                 return Done::Delayed {
@@ -74,8 +66,14 @@ async fn handle<S: Service, R>(shared: &Shared<S>, job: Job<R>) -> Done<R> {
         };
         if settle == Settle::Redeliver && shared.capabilities.redeliver_in_place {
             // The same record again, before anything this lane holds (K4); it stays
-            // unsettled meanwhile, so the position waits for it. Let others run first.
-            tokio::task::yield_now().await;
+            // unsettled meanwhile, so the position waits for it. A floor delay keeps a
+            // handler that always retries from spinning a core (G2).
+            reruns += 1;
+            if !copy::wait_unless_stopped(&shared.stop, RERUN_FLOOR.delay(reruns)).await {
+                // Stopping: left unsettled, the broker brings it back.
+                return Done::HandedBack;
+            }
+            incoming.count_attempt();
             continue;
         }
         return Done::Settle {
@@ -85,19 +83,30 @@ async fn handle<S: Service, R>(shared: &Shared<S>, job: Job<R>) -> Done<R> {
     }
 }
 
-async fn call<S: Service>(service: &S, incoming: &Incoming) -> Completion {
+/// Runs the handler within its deadline (G1), catching its panics (E2).
+async fn call<S: Service>(
+    shared: &Shared<S>,
+    incoming: &Incoming,
+) -> (Completion, Option<super::unwind::Report>) {
     // A panic while extracting (synchronous) or while polling both count.
-    let future = match catch_unwind(AssertUnwindSafe(|| service.call(incoming))) {
+    let future = match in_handler(|| shared.service.call(incoming)) {
         Ok(future) => future,
-        Err(payload) => return Completion::Panicked(panic_message(payload.as_ref())),
+        Err(Caught { message, report }) => return (Completion::Panicked(message), report),
     };
-    match CatchUnwind(pin!(future)).await {
-        Ok(completion) => completion,
-        Err(message) => Completion::Panicked(message),
+    match tokio::time::timeout(shared.deadline, CatchUnwind(pin!(future))).await {
+        Ok(Ok(completion)) => (completion, None),
+        Ok(Err(Caught { message, report })) => (Completion::Panicked(message), report),
+        // Dropping the timed-out future cancels the handler.
+        Err(_) => (Completion::TimedOut(shared.deadline), None),
     }
 }
 
-fn decide<S>(shared: &Shared<S>, delivery: &Delivery, completion: &Completion) -> Plan {
+fn decide<S>(
+    shared: &Shared<S>,
+    delivery: &Delivery,
+    completion: &Completion,
+    report: Option<super::unwind::Report>,
+) -> Plan {
     let registration = &*shared.registration;
     let address = delivery.address();
     let attempt = delivery.attempt().number();
@@ -108,7 +117,29 @@ fn decide<S>(shared: &Shared<S>, delivery: &Delivery, completion: &Completion) -
             Verdict::Outcome(HandlerOutcome::retry())
         }
         Completion::Panicked(message) => {
-            tracing::error!(registration, address, attempt, panic = %message, "handler panicked; retrying");
+            let (location, backtrace) = match report {
+                Some(r) => (r.location, r.backtrace),
+                None => ("unknown".to_owned(), None),
+            };
+            let location = location.as_str();
+            match backtrace {
+                // Once per message: its first attempt (G2).
+                Some(backtrace) if attempt == 1 => tracing::error!(
+                    registration, address, attempt, panic = %message, location,
+                    "handler panicked; retrying\n{backtrace}"
+                ),
+                _ => tracing::error!(
+                    registration, address, attempt, panic = %message, location,
+                    "handler panicked; retrying"
+                ),
+            }
+            Verdict::Outcome(HandlerOutcome::retry())
+        }
+        Completion::TimedOut(deadline) => {
+            tracing::error!(
+                registration, address, attempt, ?deadline,
+                "handler passed its deadline and was cancelled; counted as a failed attempt"
+            );
             Verdict::Outcome(HandlerOutcome::retry())
         }
         Completion::Rejected(rejection) => {
@@ -125,12 +156,34 @@ fn decide<S>(shared: &Shared<S>, delivery: &Delivery, completion: &Completion) -
             verdict
         }
     };
+    let verdict = match verdict {
+        Verdict::Outcome(outcome) if matches!(outcome.kind(), OutcomeKind::Retry { .. }) => {
+            if shared.declaration.max_attempts.is_none() && is_power_of_ten(attempt) {
+                // Nothing caps it: say so now and then, never silently (G2).
+                tracing::warn!(
+                    registration,
+                    address,
+                    attempt,
+                    "this delivery keeps failing and no max_attempts caps it"
+                );
+            }
+            match (outcome.kind(), shared.backoff) {
+                (OutcomeKind::Retry { delay: None }, Some(backoff)) => Verdict::Outcome(
+                    HandlerOutcome::retry_after(backoff.delay(attempt)),
+                ),
+                _ => verdict,
+            }
+        }
+        other => other,
+    };
     let plan = plan(verdict, attempt, &shared.declaration, &shared.capabilities);
     if let Some(error) = &plan.error {
-        // Core NATS acks and drops are Unsupported by nature: say so quietly. Anything
-        // else (a retry nothing can honour, a refused delay) deserves a warning.
+        // Core NATS acks and drops are Unsupported by nature, and so is settling the
+        // original of a copy that went out: both as the spec designs them, said quietly.
+        // Anything else (a retry nothing can honour, a refused delay) deserves a warning.
         let expected = matches!(plan.settle, Settle::Nothing)
-            && matches!(completion, Completion::Outcome(o) if o == &HandlerOutcome::ack() || o == &HandlerOutcome::drop());
+            && (plan.copy.is_some()
+                || matches!(completion, Completion::Outcome(o) if o == &HandlerOutcome::ack() || o == &HandlerOutcome::drop()));
         if expected {
             tracing::debug!(registration, address, attempt, %error, "settlement not supported");
         } else {
@@ -138,4 +191,24 @@ fn decide<S>(shared: &Shared<S>, delivery: &Delivery, completion: &Completion) -
         }
     }
     plan
+}
+
+fn is_power_of_ten(attempt: u32) -> bool {
+    let mut n = attempt;
+    if n < 10 {
+        return false;
+    }
+    while n % 10 == 0 {
+        n /= 10;
+    }
+    n == 1
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn g2_warns_at_attempts_10_100_1000() {
+        let warned: Vec<u32> = (1..=20_000).filter(|a| super::is_power_of_ten(*a)).collect();
+        assert_eq!(warned, [10, 100, 1000, 10_000]);
+    }
 }

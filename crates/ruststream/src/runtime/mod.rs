@@ -4,6 +4,7 @@ mod board;
 mod copy;
 mod driver;
 mod lane;
+mod refusals;
 mod unwind;
 
 use std::sync::Arc;
@@ -22,6 +23,7 @@ use crate::registration::Registration;
 use crate::state::StateMap;
 
 pub(crate) use driver::Shared;
+pub(crate) use unwind::quiet_handler_panics;
 
 /// Deliveries fetched and not yet settled, across the app (the test harness waits for 0).
 #[derive(Debug, Default)]
@@ -60,6 +62,7 @@ pub(crate) struct Env {
     pub(crate) state: Arc<StateMap>,
     pub(crate) stop: watch::Receiver<bool>,
     pub(crate) drain_timeout: Duration,
+    pub(crate) handler_timeout: Duration,
     pub(crate) observer: Option<Arc<dyn Observe>>,
     pub(crate) activity: Arc<Activity>,
 }
@@ -89,7 +92,9 @@ impl<D: Descriptor, S: Service> Mount for Registration<D, S> {
     fn start(self: Box<Self>, env: Env) -> BoxFuture<'static, Result<JoinHandle<()>, String>> {
         Box::pin(async move {
             let this = *self;
-            let declaration = this.declaration();
+            let deadline = this.options.timeout.unwrap_or(env.handler_timeout);
+            let mut declaration = this.declaration();
+            declaration.handler_timeout = Some(deadline);
             let capabilities = this.descriptor.capabilities();
             let copies = this.descriptor.publisher();
             let registration: Arc<str> = Arc::from(this.name.as_str());
@@ -109,6 +114,10 @@ impl<D: Descriptor, S: Service> Mount for Registration<D, S> {
                 capabilities,
                 copies,
                 failure_policy: this.options.failure_policy,
+                deadline,
+                backoff: this.options.backoff,
+                refusals: refusals::Refusals::default(),
+                stop: env.stop.clone(),
                 observer: env.observer,
                 activity: env.activity,
                 registration,
