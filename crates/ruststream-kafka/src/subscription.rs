@@ -208,14 +208,21 @@ impl KafkaSubscription {
         };
         let (topic, partition, offset) = (&*receipt.topic, receipt.partition, receipt.offset);
         let failed = |what: &str, e: rdkafka::error::KafkaError| {
-            AckError::Failed(format!("{what} {topic}/{partition} to offset {offset}: {e}"))
+            AckError::Failed(format!(
+                "{what} {topic}/{partition} to offset {offset}: {e}"
+            ))
         };
         // `store_offset` stores the offset after the one given.
         consumer
             .store_offset(topic, partition, offset - 1)
             .map_err(|e| failed("storing back", e))?;
         consumer
-            .seek(topic, partition, rdkafka::Offset::Offset(offset), Duration::ZERO)
+            .seek(
+                topic,
+                partition,
+                rdkafka::Offset::Offset(offset),
+                Duration::ZERO,
+            )
             .map_err(|e| failed("seeking", e))
     }
 

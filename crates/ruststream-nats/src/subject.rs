@@ -10,10 +10,14 @@ pub(crate) fn publish_rule(subject: &str) -> Option<String> {
         return Some("a NATS subject cannot hold whitespace".to_owned());
     }
     if subject.split('.').any(str::is_empty) {
-        return Some("a NATS subject cannot have an empty token (`..`, or a `.` at either end)".to_owned());
+        return Some(
+            "a NATS subject cannot have an empty token (`..`, or a `.` at either end)".to_owned(),
+        );
     }
     if subject.split('.').any(|t| t == "*" || t == ">") {
-        return Some("a NATS subject published to cannot hold a wildcard token (`*`, `>`)".to_owned());
+        return Some(
+            "a NATS subject published to cannot hold a wildcard token (`*`, `>`)".to_owned(),
+        );
     }
     None
 }

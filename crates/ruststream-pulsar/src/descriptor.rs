@@ -212,7 +212,9 @@ fn topic_rule(topic: &str) -> Option<String> {
         return Some("not a Pulsar topic name".to_owned());
     };
     if scheme != "persistent" && scheme != "non-persistent" {
-        return Some(format!("`{scheme}://` is neither persistent:// nor non-persistent://"));
+        return Some(format!(
+            "`{scheme}://` is neither persistent:// nor non-persistent://"
+        ));
     }
     let parts: Vec<&str> = path.split('/').collect();
     if parts.len() != 3 || parts.iter().any(|p| p.is_empty()) {

@@ -186,3 +186,29 @@ pub fn capture_logs(filter: &str) {
         .with_writer(|| Capture)
         .try_init();
 }
+
+/// CPU time this process has used so far (user and system), from `/proc/self/stat`.
+pub fn cpu_time() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").expect("reading /proc/self/stat");
+    // Fields after the command name, which ends with the last `)`.
+    let rest = &stat[stat.rfind(')').expect("a /proc stat line") + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the line (11 and 12 here), in clock ticks
+    // of USER_HZ, which is 100 on Linux.
+    let ticks: u64 =
+        fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
+    Duration::from_millis(ticks * 10)
+}
+
+/// Measures what a process spends while `window` passes: CPU time as a share of one core.
+pub async fn cpu_share_over(window: Duration) -> f64 {
+    let before = cpu_time();
+    tokio::time::sleep(window).await;
+    (cpu_time() - before).as_secs_f64() / window.as_secs_f64()
+}
+
+/// Prints a `RELIABILITY|transport|what was tried|lost|duplicated|dead-lettered` line for
+/// `scripts/reliability`.
+pub fn reliability(transport: &str, tried: &str, lost: &str, duplicated: &str, dead: &str) {
+    println!("RELIABILITY|{transport}|{tried}|{lost}|{duplicated}|{dead}");
+}

@@ -133,10 +133,7 @@ impl App {
         });
         let violations: Vec<Violation> = app_rules
             .into_iter()
-            .chain(self
-            .mounts
-            .iter()
-            .flat_map(|m| {
+            .chain(self.mounts.iter().flat_map(|m| {
                 m.violations(&self.state).into_iter().map(|rule| Violation {
                     registration: m.name().to_owned(),
                     address: m.address().to_owned(),

@@ -111,8 +111,16 @@ mod tests {
         let b = Backoff::fixed(Duration::from_secs(1)).jitter(0.5);
         for _ in 0..100 {
             let d = b.delay(1);
-            assert!(d <= Duration::from_secs(1) && d >= Duration::from_millis(500), "{d:?}");
+            assert!(
+                d <= Duration::from_secs(1) && d >= Duration::from_millis(500),
+                "{d:?}"
+            );
         }
-        assert_eq!(Backoff::fixed(Duration::from_secs(1)).jitter(f64::NAN).delay(1), Duration::from_secs(1));
+        assert_eq!(
+            Backoff::fixed(Duration::from_secs(1))
+                .jitter(f64::NAN)
+                .delay(1),
+            Duration::from_secs(1)
+        );
     }
 }

@@ -4,7 +4,7 @@ use std::any::type_name;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ruststream_core::{Declaration, DeadLetters, DelayedRedelivery, Descriptor, may_copy};
+use ruststream_core::{DeadLetters, Declaration, DelayedRedelivery, Descriptor, may_copy};
 
 use crate::backoff::Backoff;
 

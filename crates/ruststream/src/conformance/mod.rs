@@ -861,7 +861,10 @@ pub async fn g4_unbounded_registrations_are_refused(bed: impl Bed) {
     };
     for (registration, rule) in [
         ("uncapped", "without max_attempts"),
-        ("reads-its-dead-letter", "is read by this registration itself"),
+        (
+            "reads-its-dead-letter",
+            "is read by this registration itself",
+        ),
         ("too-many-lanes", "above the bound"),
         ("no-time", "timeout must be longer than zero"),
     ] {

@@ -17,8 +17,8 @@ use tokio::time::{Instant, sleep_until};
 
 use super::board::Board;
 use super::refusals::Refusals;
-use crate::backoff::Backoff;
 use super::{Activity, Observe, copy, lane};
+use crate::backoff::Backoff;
 use crate::extract::Context;
 use crate::middleware::Service;
 use crate::registration::{FailurePolicy, LaneKey};

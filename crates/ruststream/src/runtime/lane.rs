@@ -137,7 +137,10 @@ fn decide<S>(
         }
         Completion::TimedOut(deadline) => {
             tracing::error!(
-                registration, address, attempt, ?deadline,
+                registration,
+                address,
+                attempt,
+                ?deadline,
                 "handler passed its deadline and was cancelled; counted as a failed attempt"
             );
             Verdict::Outcome(HandlerOutcome::retry())
@@ -168,9 +171,9 @@ fn decide<S>(
                 );
             }
             match (outcome.kind(), shared.backoff) {
-                (OutcomeKind::Retry { delay: None }, Some(backoff)) => Verdict::Outcome(
-                    HandlerOutcome::retry_after(backoff.delay(attempt)),
-                ),
+                (OutcomeKind::Retry { delay: None }, Some(backoff)) => {
+                    Verdict::Outcome(HandlerOutcome::retry_after(backoff.delay(attempt)))
+                }
                 _ => verdict,
             }
         }
@@ -208,7 +211,9 @@ fn is_power_of_ten(attempt: u32) -> bool {
 mod tests {
     #[test]
     fn g2_warns_at_attempts_10_100_1000() {
-        let warned: Vec<u32> = (1..=20_000).filter(|a| super::is_power_of_ten(*a)).collect();
+        let warned: Vec<u32> = (1..=20_000)
+            .filter(|a| super::is_power_of_ten(*a))
+            .collect();
         assert_eq!(warned, [10, 100, 1000, 10_000]);
     }
 }
