@@ -114,7 +114,7 @@ async fn g3_jetstream_dead_letter_refused_by_a_full_stream_comes_back_later_not_
     let base = unique("G3FULL");
     let subject = format!("{base}.in");
     let dead = format!("{base}.dead");
-    let mut stream = create_stream(&nats, &base, std::slice::from_ref(&subject)).await;
+    let stream = create_stream(&nats, &base, std::slice::from_ref(&subject)).await;
     let mut dead_stream = full_stream(&nats, &format!("{base}_DEAD"), &dead).await;
     let script = Script::new(|_| HandlerOutcome::retry());
     let app = App::new()
@@ -408,4 +408,42 @@ async fn g2_an_uncapped_delivery_that_keeps_failing_is_reported_at_attempt_10() 
         .collect();
     assert_eq!(warnings.len(), 1, "once, at attempt 10: {warnings:?}");
     assert!(warnings[0].contains("WARN") && warnings[0].contains("attempt=10"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g3_core_capped_retry_whose_copy_went_out_logs_no_warning() {
+    let nats = nats().await;
+    let subject = unique("g3quiet");
+    let script = Script::new(|d| {
+        if d.attempt().number() == 1 {
+            HandlerOutcome::retry()
+        } else {
+            HandlerOutcome::ack()
+        }
+    });
+    let app = App::new()
+        .register(
+            on(nats.subject(&subject), handler(Arc::clone(&script)))
+                .max_attempts(3)
+                .dead_letter(format!("{subject}.dead")),
+        )
+        .start()
+        .await
+        .expect("start");
+    nats.client().flush().await.unwrap();
+    nats.client()
+        .publish(subject.clone(), Bytes::from_static(b"once more"))
+        .await
+        .unwrap();
+    eventually(Duration::from_secs(10), "the copy handled", || {
+        script.count() == 2
+    })
+    .await;
+    app.stop().await;
+    let log = logs();
+    let noisy: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains(&subject) && (l.contains("WARN") || l.contains("ERROR")))
+        .collect();
+    assert!(noisy.is_empty(), "the designed path is quiet: {noisy:#?}");
 }

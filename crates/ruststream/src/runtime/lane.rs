@@ -110,10 +110,18 @@ fn decide<S>(
     let registration = &*shared.registration;
     let address = delivery.address();
     let attempt = delivery.attempt().number();
+    // A failing delivery nothing caps is reported at attempts 1, 10, 100... and quietly
+    // in between, so a loop never floods the log (G2); a capped one on every attempt.
+    let loud =
+        shared.declaration.max_attempts.is_some() || attempt == 1 || is_power_of_ten(attempt);
     let verdict = match completion {
         Completion::Outcome(outcome) => Verdict::Outcome(*outcome),
         Completion::Failed(error) => {
-            tracing::warn!(registration, address, attempt, %error, "handler returned an error; retrying");
+            if loud {
+                tracing::warn!(registration, address, attempt, %error, "handler returned an error; retrying");
+            } else {
+                tracing::debug!(registration, address, attempt, %error, "handler returned an error; retrying");
+            }
             Verdict::Outcome(HandlerOutcome::retry())
         }
         Completion::Panicked(message) => {
@@ -126,9 +134,14 @@ fn decide<S>(
                 // Once per message: its first attempt (G2).
                 Some(backtrace) if attempt == 1 => tracing::error!(
                     registration, address, attempt, panic = %message, location,
-                    "handler panicked; retrying\n{backtrace}"
+                    backtrace = %format_args!("\n{backtrace}"),
+                    "handler panicked; retrying"
                 ),
-                _ => tracing::error!(
+                _ if loud => tracing::error!(
+                    registration, address, attempt, panic = %message, location,
+                    "handler panicked; retrying"
+                ),
+                _ => tracing::debug!(
                     registration, address, attempt, panic = %message, location,
                     "handler panicked; retrying"
                 ),
@@ -136,13 +149,23 @@ fn decide<S>(
             Verdict::Outcome(HandlerOutcome::retry())
         }
         Completion::TimedOut(deadline) => {
-            tracing::error!(
-                registration,
-                address,
-                attempt,
-                ?deadline,
-                "handler passed its deadline and was cancelled; counted as a failed attempt"
-            );
+            if loud {
+                tracing::error!(
+                    registration,
+                    address,
+                    attempt,
+                    ?deadline,
+                    "handler passed its deadline and was cancelled; counted as a failed attempt"
+                );
+            } else {
+                tracing::debug!(
+                    registration,
+                    address,
+                    attempt,
+                    ?deadline,
+                    "handler passed its deadline and was cancelled; counted as a failed attempt"
+                );
+            }
             Verdict::Outcome(HandlerOutcome::retry())
         }
         Completion::Rejected(rejection) => {

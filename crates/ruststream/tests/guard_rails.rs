@@ -1,0 +1,169 @@
+//! The guard rails beyond the seeds (SPEC G1, G2) on the memory broker, through the
+//! production runtime.
+
+use std::io::Write;
+use std::sync::{Mutex, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
+
+use ruststream::memory::MemoryBroker;
+use ruststream::testing::TestApp;
+use ruststream::{App, Backoff, Completion, HandlerOutcome, Meta, RETRY_COUNT_HEADER, on};
+
+static LOG: OnceLock<Mutex<Vec<u8>>> = OnceLock::new();
+
+struct Capture;
+
+impl Write for Capture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        LOG.get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn capture_logs() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("info")
+        .with_ansi(false)
+        .with_writer(|| Capture)
+        .try_init();
+}
+
+fn logs() -> String {
+    String::from_utf8_lossy(&LOG.get_or_init(Default::default).lock().unwrap()).into_owned()
+}
+
+async fn panics_always(meta: Meta) -> HandlerOutcome {
+    panic!("boom at attempt {}", meta.attempt.number());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g2_an_uncapped_panic_loop_is_logged_at_attempts_1_10_100_not_every_time() {
+    capture_logs();
+    let broker = MemoryBroker::recording();
+    let app = App::new().register(on(broker.topic("loops"), panics_always).name("loops"));
+    let test = TestApp::start(app, &broker).await.unwrap();
+    test.publish("loops", &1u32).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while test.calls().len() < 150 {
+        assert!(Instant::now() < deadline, "150 attempts");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    test.stop().await;
+    let log = logs();
+    let errors: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("handler panicked") && l.contains("registration=\"loops\""))
+        .collect();
+    assert_eq!(errors.len(), 3, "{errors:#?}");
+    for (line, attempt) in errors
+        .iter()
+        .zip(["attempt=1 ", "attempt=10 ", "attempt=100 "])
+    {
+        assert!(line.contains("ERROR") && line.contains(attempt), "{line}");
+    }
+    let warnings = log
+        .lines()
+        .filter(|l| l.contains("keeps failing") && l.contains("registration=\"loops\""))
+        .count();
+    assert_eq!(warnings, 2, "WARN at attempts 10 and 100");
+    assert!(
+        log.matches("backtrace=").count() <= 1,
+        "a backtrace (when RUST_BACKTRACE asks for one) once per message"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g1_a_timed_out_attempt_counts_toward_the_cap_and_dead_letters() {
+    let broker = MemoryBroker::recording();
+    let hangs = |_meta: Meta| async {
+        std::future::pending::<()>().await;
+        HandlerOutcome::ack()
+    };
+    let app = App::new()
+        .handler_timeout(Duration::from_millis(100))
+        .register(
+            on(broker.topic("slow"), hangs)
+                .max_attempts(2)
+                .dead_letter("slow.dead"),
+        );
+    let test = TestApp::start(app, &broker).await.unwrap();
+    test.publish("slow", &1u32).await;
+    test.settled().await;
+    let calls = test.calls();
+    assert_eq!(calls.len(), 2, "max_attempts runs");
+    assert!(
+        calls
+            .iter()
+            .all(|c| c.completion == Completion::TimedOut(Duration::from_millis(100))),
+        "the app-wide default applies"
+    );
+    assert_eq!(
+        broker.published("slow.dead").len(),
+        1,
+        "dead-lettered at the cap"
+    );
+    test.stop().await;
+}
+
+async fn retry_then_ack(meta: Meta) -> HandlerOutcome {
+    if meta.attempt.number() < 3 {
+        HandlerOutcome::retry()
+    } else {
+        HandlerOutcome::ack()
+    }
+}
+
+async fn backoff_delays_retries(runtime_retries: bool) {
+    let broker = MemoryBroker::recording();
+    let topic = broker.topic("later");
+    let topic = if runtime_retries {
+        topic.runtime_retries()
+    } else {
+        topic
+    };
+    let backoff = Backoff::exponential(Duration::from_millis(200), Duration::from_secs(1));
+    let app = App::new().register(
+        on(topic, retry_then_ack)
+            .max_attempts(5)
+            .dead_letter("later.dead")
+            .backoff(backoff),
+    );
+    let test = TestApp::start(app, &broker).await.unwrap();
+    let started = Instant::now();
+    test.publish("later", &1u32).await;
+    test.settled().await;
+    let calls = test.calls();
+    assert_eq!(calls.len(), 3);
+    assert!(
+        started.elapsed() >= Duration::from_millis(600),
+        "200 ms, then 400 ms: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        calls[0].plan.copy.is_some(),
+        runtime_retries,
+        "{:?}",
+        calls[0].plan
+    );
+    if runtime_retries {
+        assert_eq!(calls[2].headers.get_str(RETRY_COUNT_HEADER), Some("2"));
+    }
+    test.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g2_backoff_turns_retry_into_a_delayed_redelivery_natively() {
+    backoff_delays_retries(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g2_backoff_turns_retry_into_a_delayed_copy_on_the_runtime_path() {
+    backoff_delays_retries(true).await;
+}
