@@ -5,7 +5,7 @@
 //!
 //! | outcome | `Commit::Auto` (default) | `Commit::Tracked` | `Commit::Transactional` |
 //! |---|---|---|---|
-//! | `ack`, `drop` | nothing: librdkafka stored the offset when it handed the record over | the offset settles; the stored position moves up to just below the lowest record still running | the offset settles; the [`EosPipeline`] commits it with its next window |
+//! | `ack`, `drop` | nothing: the offset was stored when the record was handed over | the offset settles; the stored position moves up to just below the lowest record still running | the offset settles; the [`EosPipeline`] commits it with its next window |
 //! | `retry()` | `AckError::Unsupported`, logged: nothing brings the record back | handled again at once, before the next record of its lane; the position waits | the open window cannot commit: it aborts and is read again |
 //! | `retry_after(d)`, or `retry()` under `max_attempts`/dead letter | a copy (same key, payload, headers, `x-ruststream-retry-count` + 1) to the retry topic after d, confirmed by its delivery report; at the cap a copy to the dead-letter topic | the same; the original stays unsettled until its copy is confirmed, so a crash during the wait brings the original back | the same, the copy produced inside the window's transaction |
 //!
@@ -33,6 +33,25 @@
 //!     .await?;
 //! # Ok(()) }
 //! ```
+//!
+//! # Deadlines, backoff and refused copies (SPEC G1-G4)
+//!
+//! - Handlers run within the registration's `timeout` (the app's default is 30 s); past
+//!   it the attempt counts as failed.
+//! - Under `Commit::Tracked` an undeclared `retry()` runs the record again in place after a
+//!   floor of 10 ms doubling to 1 s, so a handler that always retries does not spin.
+//! - A copy the broker refuses for good (`MSG_SIZE_TOO_LARGE`, unknown topic, not
+//!   authorized) is not retried in a loop. A retry copy too large goes to the dead-letter
+//!   topic instead. Otherwise, under `Tracked` and `Transactional` the original stays
+//!   unsettled (the partition's position waits) and the copy is tried again after 1 s
+//!   doubling to 5 min; under `Auto` the record's offset is stored back and the partition
+//!   sought back to it, so it is read again after that wait (and after a graceful
+//!   restart): later records of the partition come again too. To make that possible,
+//!   `Auto` stores each offset itself at hand-over (`enable.auto.offset.store` is off and
+//!   may not be turned on).
+//! - A dead-letter topic the registration reads (its topic, a topic of its list) and a
+//!   topic name Kafka refuses are refused at start. Topics matched by a `^pattern` are not
+//!   checked.
 //!
 //! # What it cannot promise (measured in RELIABILITY.md)
 //!

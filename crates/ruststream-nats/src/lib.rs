@@ -44,6 +44,24 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Deadlines, backoff and refused copies (SPEC G1-G4)
+//!
+//! - Handlers run within the registration's `timeout` (the app's default is 30 s). The
+//!   `+WPI` keepalive is never sent for a delivery past it (at most three deadlines from
+//!   hand-over, since a delivery may wait behind one running and one queued in its lane),
+//!   so a handler that cannot be cancelled still gets the delivery redelivered after
+//!   `ack_wait`.
+//! - A dead letter JetStream refuses (the stream full with discard-new, the message over
+//!   the stream's size limit, no stream) is not retried in a loop: the original is
+//!   `-NAK`ed with a delay of 1 s doubling to 5 min per refusal in a row, and comes back.
+//!   A timeout or lost connection is tried again first.
+//! - Core NATS holds nothing: a retry copy over the server's `max_payload` goes to the
+//!   dead letter instead (the message as it arrived fits); a copy refused otherwise is
+//!   lost, logged at ERROR with "lost", the subject and the reason.
+//! - A dead-letter subject the registration reads (the subject, a match of its wildcard
+//!   or JetStream filter, or, unfiltered, a subject its stream captures) is refused at
+//!   start, as are subjects with whitespace, empty tokens or wildcards.
+//!
 //! # What it cannot promise (measured in RELIABILITY.md)
 //!
 //! - Core NATS is at-most-once (N2): a message the process received and had not finished

@@ -47,6 +47,16 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Deadlines, backoff and refused copies (SPEC G1-G4)
+//!
+//! - Handlers run within the registration's `timeout` (the app's default is 30 s); past
+//!   it the attempt counts as failed: a `nack`.
+//! - A `backoff` turns `retry()` into a held `retry_after`; a backoff whose ceiling is not
+//!   shorter than `ack_timeout` is refused at start.
+//! - The runtime publishes no copies on Pulsar: the client's dead-letter policy moves
+//!   exhausted messages (P5), so there is no refused copy to handle here; a dead-letter
+//!   topic the subscription reads itself is refused at start.
+//!
 //! # What it cannot promise (measured in RELIABILITY.md)
 //!
 //! - At-least-once: after a crash or a broker restart some messages are handled twice.

@@ -41,9 +41,28 @@
 //! - Handlers take [extractors](extract): [`Message<T>`], [`Payload`], [`Headers`],
 //!   [`Meta`], [`Attempt`], [`State<T>`], [`Publisher`].
 //! - A [`Registration`] declares `max_attempts`, a dead letter, a retry destination,
-//!   `lanes(n)` (per-key order kept), a [`FailurePolicy`] and [middleware].
+//!   `lanes(n)` (per-key order kept), a handler deadline, a [`Backoff`], a
+//!   [`FailurePolicy`] and [middleware].
 //! - [`App::start`] refuses to start with every broken rule listed ([`StartError`]).
 //! - [`testing::TestApp`] runs the production app on the memory broker and records it.
+//!
+//! # Guard rails (SPEC G1-G4)
+//!
+//! - **Deadline.** Every handler call runs within [`Registration::timeout`], else the
+//!   app's [`App::handler_timeout`] (default [`DEFAULT_HANDLER_TIMEOUT`], 30 s). Past it
+//!   the call is cancelled, logged at ERROR, and counts as a failed attempt.
+//! - **Backoff.** Without [`Registration::backoff`], a `retry()` comes back at once as
+//!   the spec names; an in-place rerun (Kafka `Tracked`, the memory broker's runtime
+//!   retries) still waits 10 ms doubling to 1 s. A delivery failing with no cap is reported
+//!   at WARN at attempts 10, 100, 1000...; a panic's backtrace is logged once per message.
+//! - **Refused copies.** A retry copy or dead letter the broker refuses is never lost
+//!   silently: transient failures are tried again; a retry copy too large goes to the dead
+//!   letter; otherwise the original comes back later (1 s doubling to 5 min) by whatever
+//!   the transport can do ([`core::Capabilities`]: a delayed redelivery, holding it, or
+//!   reading it again), and where nothing can (Core NATS) it is logged at ERROR as lost.
+//! - **Refusals at start.** A dead letter without `max_attempts`, a dead letter the
+//!   registration reads itself, addresses that break the broker's naming rules and
+//!   `lanes(n)` above [`MAX_LANES`] refuse to start.
 
 mod app;
 mod backoff;

@@ -187,6 +187,14 @@ fn reliability(bed: &impl Bed, tried: &str, lost: &str, duplicated: &str, dead: 
     );
 }
 
+/// Prints a guard-rail `RELIABILITY|…` line.
+fn guard_rail(bed: &impl Bed, tried: &str, lost: &str, duplicated: &str, dead: &str) {
+    println!(
+        "RELIABILITY|{}|guard rail: {tried}|{lost}|{duplicated}|{dead}",
+        bed.label()
+    );
+}
+
 /// Payload, headers and (where the broker has keys) the key arrive as published.
 pub async fn round_trip(bed: impl Bed) {
     let address = bed.address().await;
@@ -876,6 +884,13 @@ pub async fn g4_unbounded_registrations_are_refused(bed: impl Bed) {
         );
     }
     assert_eq!(log.len(), 0, "no handler ran");
+    guard_rail(
+        &bed,
+        "a dead letter without max_attempts, a dead letter the registration reads itself, lanes above the bound, a zero deadline",
+        "refused at start, each named",
+        "no handler ran",
+        "none",
+    );
 }
 
 /// SPEC G1: a handler that never returns is cancelled at its deadline, and the attempt
@@ -921,6 +936,13 @@ pub async fn g1_a_hung_handler_is_cancelled_at_its_deadline(bed: impl Bed) {
         "cancelled no earlier than its deadline"
     );
     app.stop().await;
+    guard_rail(
+        &bed,
+        "hung handler: the first attempt never returns, timeout(500 ms), max_attempts(3)",
+        "lost 0 of 1 (cancelled at the deadline, back as attempt 2)",
+        "0 handled twice",
+        "0 dead-lettered",
+    );
 }
 
 /// Header values a careless or hostile producer may send (not UTF-8, a line break that
