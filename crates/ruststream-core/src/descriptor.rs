@@ -86,6 +86,13 @@ pub trait Subscription: Send + 'static {
         let _ = receipt;
     }
 
+    /// Deliveries the subscription holds itself after the runtime settled them (Pulsar:
+    /// `retry_after` waits held until their nack). They count toward the registration's
+    /// `max_in_flight` (SPEC G5).
+    fn holding(&self) -> usize {
+        0
+    }
+
     /// Stops fetching and closes the consumer. Deliveries not settled by now come back
     /// as the broker's rules say.
     fn close(self) -> impl Future<Output = ()> + Send;

@@ -40,6 +40,7 @@ mod headers;
 mod outcome;
 pub mod plan;
 mod publish;
+mod start;
 
 pub use capabilities::{Capabilities, DeadLetters, DelayedRedelivery, Verb};
 pub use declaration::Declaration;
@@ -50,3 +51,4 @@ pub use headers::{Headers, MalformedRetryCount, RETRY_COUNT_HEADER};
 pub use outcome::{HandlerOutcome, OutcomeKind};
 pub use plan::{Copy, CopyTarget, Plan, Settle, Verdict, may_copy, plan};
 pub use publish::{BoxFuture, Outgoing, Publish};
+pub use start::StartAt;

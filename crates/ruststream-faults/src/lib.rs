@@ -127,8 +127,14 @@ impl Service {
     /// Starts `program` with `args`; its stdout lines are tallied as they come, its
     /// stderr goes to the test's.
     pub fn spawn(program: &str, args: &[&str]) -> Self {
+        Self::spawn_with(program, args, &[])
+    }
+
+    /// Like [`Service::spawn`], with environment variables set.
+    pub fn spawn_with(program: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
         let mut child = Command::new(program)
             .args(args)
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
@@ -171,6 +177,26 @@ impl Service {
             assert!(Instant::now() < deadline, "not within {limit:?}: {what}");
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+    }
+
+    /// Sends it a signal by name (`TERM`, `INT`) with the system's `kill`.
+    pub fn signal(&self, name: &str) {
+        let pid = self.child.id().expect("the service runs");
+        let status = std::process::Command::new("kill")
+            .args([format!("-{name}"), pid.to_string()])
+            .status()
+            .expect("running kill");
+        assert!(status.success(), "kill -{name} {pid} failed");
+    }
+
+    /// Waits at most `limit` for it to exit; its exit code (`None` when killed by a
+    /// signal), or a failed test when it is still running.
+    pub async fn exits_within(&mut self, limit: Duration) -> Option<i32> {
+        let status = tokio::time::timeout(limit, self.child.wait())
+            .await
+            .unwrap_or_else(|_| panic!("the service still runs {limit:?} later"))
+            .expect("waiting for the service");
+        status.code()
     }
 
     /// SIGKILL; returns everything it printed (read to the end of its output).

@@ -6,7 +6,7 @@ use std::time::Duration;
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::{Offset, TopicPartitionList};
-use ruststream_core::{Capabilities, Declaration, Descriptor, Publish, SubscribeError};
+use ruststream_core::{Capabilities, Declaration, Descriptor, Publish, StartAt, SubscribeError};
 
 use crate::Kafka;
 use crate::config::{Commit, Settings};
@@ -36,6 +36,7 @@ struct Source {
     settings: Settings,
     close_timeout: Duration,
     pipeline: Option<EosPipeline>,
+    start_at: StartAt,
 }
 
 impl Source {
@@ -49,6 +50,7 @@ impl Source {
             settings: Settings::default(),
             close_timeout: DEFAULT_CLOSE_TIMEOUT,
             pipeline: None,
+            start_at: StartAt::Earliest,
         }
     }
 
@@ -67,6 +69,16 @@ impl Source {
             )),
             _ => {}
         }
+        if let StartAt::Time(_) = self.start_at {
+            broken.push(
+                "start_at(StartAt::Time(..)) is not supported on Kafka; read explicit offsets \
+                 with KafkaPartitions"
+                    .to_owned(),
+            );
+        }
+        if self.settings.values.contains_key("auto.offset.reset") {
+            broken.push("set where a new group starts with .start_at(..), not the auto.offset.reset setting".to_owned());
+        }
         match &self.selection {
             Selection::Topic(t) if t.is_empty() => {
                 broken.push("the topic name is empty".to_owned())
@@ -78,6 +90,39 @@ impl Source {
             _ => {}
         }
         broken
+    }
+
+    /// Asks the cluster for its metadata, within the connect timeout: an unreachable
+    /// cluster fails the start, naming the bootstrap servers, instead of a consumer that
+    /// logs errors for ever (SPEC G7).
+    async fn reachable(&self) -> Result<(), SubscribeError> {
+        let timeout = self.kafka.connect_timeout_value();
+        let brokers = self.kafka.brokers().to_owned();
+        let mut config = ClientConfig::new();
+        config.set("bootstrap.servers", &brokers);
+        for (key, value) in self.kafka.settings().iter() {
+            config.set(key, value);
+        }
+        config.set_log_level(RDKafkaLogLevel::Critical);
+        let probe: Result<rdkafka::consumer::BaseConsumer, _> = config.create();
+        let probe = probe.map_err(|e| SubscribeError::new(&self.address, e))?;
+        let answer = crate::close::off_runtime(
+            "ask the Kafka cluster for its metadata",
+            timeout + Duration::from_secs(1),
+            move || probe.fetch_metadata(None, timeout).map(drop),
+        )
+        .await;
+        match answer {
+            Some(Ok(())) => Ok(()),
+            Some(Err(e)) => Err(SubscribeError::new(
+                &self.address,
+                format!("cannot reach Kafka at `{brokers}` within {timeout:?}: {e}"),
+            )),
+            None => Err(SubscribeError::new(
+                &self.address,
+                format!("cannot reach Kafka at `{brokers}` within {timeout:?}"),
+            )),
+        }
     }
 
     /// True when `topic` is one this subscription reads. A pattern (`^...`) is a regular
@@ -103,7 +148,13 @@ impl Source {
                     "true"
                 },
             )
-            .set("auto.offset.reset", "earliest")
+            .set(
+                "auto.offset.reset",
+                match self.start_at {
+                    StartAt::Latest => "latest",
+                    _ => "earliest",
+                },
+            )
             .set("enable.partition.eof", "false")
             // Commit::Auto stores each offset itself when it hands the record over (what
             // librdkafka's automatic store does), so that it can store a record's offset
@@ -130,6 +181,7 @@ impl Source {
             }
             _ => None,
         };
+        self.reachable().await?;
         let fail = |e: rdkafka::error::KafkaError| SubscribeError::new(&self.address, e);
         let moves = Arc::new(Moves::default());
         let consumer: StreamConsumer<TrackingContext> = self
@@ -215,6 +267,13 @@ macro_rules! descriptor {
             /// The pipeline a `Commit::Transactional` subscription commits through.
             pub fn pipeline(mut self, pipeline: &EosPipeline) -> Self {
                 self.source.pipeline = Some(pipeline.clone());
+                self
+            }
+
+            /// Where a new group starts reading (default [`StartAt::Earliest`]); a group
+            /// with committed offsets resumes from them (SPEC G8).
+            pub fn start_at(mut self, start: StartAt) -> Self {
+                self.source.start_at = start;
                 self
             }
 

@@ -34,7 +34,7 @@
 //! # Ok(()) }
 //! ```
 //!
-//! # Deadlines, backoff and refused copies (SPEC G1-G4)
+//! # Guard rails (SPEC G1-G8): deadlines, refused copies, bounds, start position
 //!
 //! - Handlers run within the registration's `timeout` (the app's default is 30 s); past
 //!   it the attempt counts as failed.
@@ -52,6 +52,12 @@
 //! - A dead-letter topic the registration reads (its topic, a topic of its list) and a
 //!   topic name Kafka refuses are refused at start. Topics matched by a `^pattern` are not
 //!   checked.
+//!
+//! - A new group starts at the earliest record (`StartAt::Earliest`, the same default as
+//!   every transport; `.start_at(StartAt::Latest)` to skip the backlog). A subscription
+//!   whose cluster does not answer within `Kafka::connect_timeout` (10 s) fails the start,
+//!   naming the bootstrap servers. At `max_in_flight` the consumer is not polled: keep
+//!   `retry_after` delays below `max.poll.interval.ms`.
 //!
 //! # What it cannot promise (measured in RELIABILITY.md)
 //!
@@ -86,6 +92,7 @@ pub use rdkafka;
 pub use rdkafka::Offset;
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::FutureProducer;
+pub use ruststream_core::StartAt;
 pub use subscription::{KafkaReceipt, KafkaSubscription};
 
 /// A Kafka cluster: its address, settings shared by every client, and one producer.
@@ -94,7 +101,11 @@ pub struct Kafka {
     brokers: String,
     settings: Arc<BTreeMap<String, String>>,
     producer: Arc<FutureProducer>,
+    connect_timeout: std::time::Duration,
 }
+
+/// How long a subscription waits at start for the cluster to answer, unless set (SPEC G7).
+pub const DEFAULT_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl std::fmt::Debug for Kafka {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -138,7 +149,20 @@ impl Kafka {
             brokers: brokers.to_owned(),
             settings: Arc::new(settings),
             producer: Arc::new(producer),
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
         })
+    }
+
+    /// How long each subscription waits at start for the cluster to answer (default
+    /// [`DEFAULT_CONNECT_TIMEOUT`], 10 s): an unreachable cluster makes the app's start
+    /// fail with an error naming the bootstrap servers (SPEC G7).
+    pub fn connect_timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    pub(crate) fn connect_timeout_value(&self) -> std::time::Duration {
+        self.connect_timeout
     }
 
     pub(crate) fn brokers(&self) -> &str {

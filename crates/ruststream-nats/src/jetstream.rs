@@ -11,7 +11,7 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use ruststream_core::{
     AckError, Attempt, Capabilities, DeadLetters, Declaration, DelayedRedelivery, Delivery,
-    Descriptor, Metadata, Publish, Settle, SubscribeError, Subscription, Verb,
+    Descriptor, Metadata, Publish, Settle, StartAt, SubscribeError, Subscription, Verb,
 };
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -89,7 +89,21 @@ impl JetStreamConsumer {
         self
     }
 
-    /// Where a new consumer starts (default: all of the stream).
+    /// Where a new durable consumer starts (default [`StartAt::Earliest`]: all of the
+    /// stream); an existing consumer resumes where it was (SPEC G8).
+    pub fn start_at(mut self, start: StartAt) -> Self {
+        self.deliver_policy = match start {
+            StartAt::Latest => DeliverPolicy::New,
+            StartAt::Time(at) => DeliverPolicy::ByStartTime {
+                start_time: time::OffsetDateTime::from(at),
+            },
+            _ => DeliverPolicy::All,
+        };
+        self
+    }
+
+    /// Where a new consumer starts, in JetStream's own terms (by sequence, last per
+    /// subject...); [`start_at`](Self::start_at) covers the common cases.
     pub fn deliver_policy(mut self, policy: DeliverPolicy) -> Self {
         self.deliver_policy = policy;
         self

@@ -44,7 +44,7 @@
 //! # Ok(()) }
 //! ```
 //!
-//! # Deadlines, backoff and refused copies (SPEC G1-G4)
+//! # Guard rails (SPEC G1-G8): deadlines, refused copies, bounds, start position
 //!
 //! - Handlers run within the registration's `timeout` (the app's default is 30 s). The
 //!   `+WPI` keepalive is never sent for a delivery past it (at most three deadlines from
@@ -61,6 +61,11 @@
 //! - A dead-letter subject the registration reads (the subject, a match of its wildcard
 //!   or JetStream filter, or, unfiltered, a subject its stream captures) is refused at
 //!   start, as are subjects with whitespace, empty tokens or wildcards.
+//!
+//! - A new durable consumer reads the stream from its start (`StartAt::Earliest`, the same
+//!   default as every transport); `.start_at(StartAt::Latest)` or `StartAt::Time(t)` choose
+//!   otherwise. `Nats::connect` fails after at most 10 s with the address named; Core
+//!   slow-consumer drops are counted (`Nats::slow_consumer_drops`) and logged at WARN.
 //!
 //! # What it cannot promise (measured in RELIABILITY.md)
 //!
@@ -93,11 +98,47 @@ pub use jetstream::{
 };
 pub use publish::{NatsPublisher, RequestError, Stored};
 use ruststream_core::Publish;
+pub use ruststream_core::StartAt;
 
 /// One NATS connection: descriptors and publishers share it.
 #[derive(Clone, Debug)]
 pub struct Nats {
     client: async_nats::Client,
+    drops: Arc<SlowConsumer>,
+}
+
+/// How long [`Nats::connect`] waits for the server (SPEC G7).
+pub const DEFAULT_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Core NATS messages the client dropped because a subscription's buffer was full (a
+/// slow consumer), as the client reported them (SPEC G7).
+#[derive(Debug, Default)]
+struct SlowConsumer {
+    events: std::sync::atomic::AtomicU64,
+    warned: std::sync::Mutex<Option<std::time::Instant>>,
+}
+
+/// At most one slow-consumer warning per this interval.
+const SLOW_CONSUMER_WARN_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+impl SlowConsumer {
+    fn record(&self, sid: u64) {
+        use std::sync::atomic::Ordering;
+        let total = self.events.fetch_add(1, Ordering::Relaxed) + 1;
+        let now = std::time::Instant::now();
+        let mut warned = self
+            .warned
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if warned.is_none_or(|at| now.duration_since(at) >= SLOW_CONSUMER_WARN_EVERY) {
+            *warned = Some(now);
+            tracing::warn!(
+                subscription = sid,
+                dropped_so_far = total,
+                "Core NATS slow consumer: the client's buffer for a subscription is full and it drops messages (at-most-once); add lanes or make handlers faster"
+            );
+        }
+    }
 }
 
 /// The connection could not be made.
@@ -111,18 +152,54 @@ pub struct ConnectError {
 }
 
 impl Nats {
-    /// Connects to `url` (`nats://host:port`). The client reconnects by itself after.
+    /// Connects to `url` (`nats://host:port`), failing after [`DEFAULT_CONNECT_TIMEOUT`]
+    /// (10 s) with an error naming the address when the server does not answer. The client
+    /// reconnects by itself after. Slow-consumer drops on Core subscriptions are counted
+    /// ([`Nats::slow_consumer_drops`]) and logged at WARN, at most once per 10 s.
     pub async fn connect(url: &str) -> Result<Self, ConnectError> {
-        let client = async_nats::connect(url).await.map_err(|e| ConnectError {
-            url: url.to_owned(),
-            detail: e.to_string(),
-        })?;
-        Ok(Self { client })
+        let options = async_nats::ConnectOptions::new().connection_timeout(DEFAULT_CONNECT_TIMEOUT);
+        Self::connect_with(url, options).await
     }
 
-    /// Wraps a client configured by the caller.
+    /// Like [`Nats::connect`], with the client's options (credentials, TLS, timeouts);
+    /// ruststream adds its slow-consumer counting.
+    pub async fn connect_with(
+        url: &str,
+        options: async_nats::ConnectOptions,
+    ) -> Result<Self, ConnectError> {
+        let drops = Arc::new(SlowConsumer::default());
+        let counted = Arc::clone(&drops);
+        let client = options
+            .event_callback(move |event| {
+                let counted = Arc::clone(&counted);
+                async move {
+                    if let async_nats::Event::SlowConsumer(sid) = event {
+                        counted.record(sid);
+                    }
+                }
+            })
+            .connect(url)
+            .await
+            .map_err(|e| ConnectError {
+                url: url.to_owned(),
+                detail: e.to_string(),
+            })?;
+        Ok(Self { client, drops })
+    }
+
+    /// Wraps a client configured by the caller (its slow-consumer events are the
+    /// caller's to watch).
     pub fn from_client(client: async_nats::Client) -> Self {
-        Self { client }
+        Self {
+            client,
+            drops: Arc::default(),
+        }
+    }
+
+    /// How many slow-consumer drops the client reported on this connection so far (a
+    /// lower bound: the client reports them through a bounded channel).
+    pub fn slow_consumer_drops(&self) -> u64 {
+        self.drops.events.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The underlying client.

@@ -189,7 +189,9 @@ async fn n1_drop_sends_term_and_is_never_redelivered() {
 async fn n4_no_outcome_is_redelivered_after_ack_wait_and_counts_as_an_attempt() {
     let s = Setup::new("N4WAIT").await;
     let ack_wait = Duration::from_secs(1);
-    // Attempt 1 outlives ack_wait (keepalive off), so the server redelivers to the second lane.
+    // Attempt 1 outlives ack_wait. With the keepalive on (the default) the handler
+    // deadline is what ends it (D3, G1): no `+WPI` past it, so it comes back as the next
+    // attempt, no earlier than ack_wait.
     let script = Script::new(|_| HandlerOutcome::ack());
     let slow_first = {
         let script = Arc::clone(&script);
@@ -206,8 +208,11 @@ async fn n4_no_outcome_is_redelivered_after_ack_wait_and_counts_as_an_attempt() 
         }
     };
     let app = start(
-        App::new()
-            .register(on(s.consumer().ack_wait(ack_wait).keepalive(false), slow_first).lanes(2)),
+        App::new().register(
+            on(s.consumer().ack_wait(ack_wait), slow_first)
+                .lanes(2)
+                .timeout(ack_wait),
+        ),
     )
     .await;
     let seq = s.publish(b"slow", &Headers::new()).await;

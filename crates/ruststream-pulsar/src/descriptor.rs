@@ -3,10 +3,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use pulsar::consumer::{ConsumerOptions, DeadLetterPolicy};
+use pulsar::consumer::{ConsumerOptions, DeadLetterPolicy, InitialPosition};
 use ruststream_core::{
-    Capabilities, DeadLetters, Declaration, DelayedRedelivery, Descriptor, Publish, SubscribeError,
-    Verb,
+    Capabilities, DeadLetters, Declaration, DelayedRedelivery, Descriptor, Publish, StartAt,
+    SubscribeError, Verb,
 };
 
 use crate::subscription::PulsarSubscription;
@@ -23,6 +23,7 @@ pub struct PulsarTopic {
     ack_timeout: Option<Duration>,
     longest_delay: Option<Duration>,
     options: ConsumerOptions,
+    start_at: StartAt,
 }
 
 impl std::fmt::Debug for PulsarTopic {
@@ -46,6 +47,7 @@ impl PulsarTopic {
             ack_timeout: None,
             longest_delay: None,
             options: ConsumerOptions::default(),
+            start_at: StartAt::Earliest,
         }
     }
 
@@ -75,7 +77,16 @@ impl PulsarTopic {
         self
     }
 
-    /// Consumer options passed to the client.
+    /// Where a new subscription starts (default [`StartAt::Earliest`], where the
+    /// client's own default is latest); an existing subscription resumes from its
+    /// cursor (SPEC G8). `StartAt::Time` is refused at start.
+    pub fn start_at(mut self, start: StartAt) -> Self {
+        self.start_at = start;
+        self
+    }
+
+    /// Consumer options passed to the client (their `initial_position` is replaced by
+    /// [`start_at`](Self::start_at)).
     pub fn options(mut self, options: ConsumerOptions) -> Self {
         self.options = options;
         self
@@ -145,6 +156,11 @@ impl Descriptor for PulsarTopic {
                 self.sub_type
             ));
         }
+        if let StartAt::Time(_) = self.start_at {
+            broken.push(
+                "start_at(StartAt::Time(..)) is not supported on Pulsar: a new subscription starts at the earliest or the latest message".to_owned(),
+            );
+        }
         if let (Some(delay), Some(timeout)) = (self.longest_delay, self.ack_timeout)
             && delay >= timeout
         {
@@ -167,7 +183,13 @@ impl Descriptor for PulsarTopic {
             .with_topics(&self.topics)
             .with_subscription(&self.subscription)
             .with_subscription_type(self.sub_type)
-            .with_options(self.options.clone())
+            .with_options(ConsumerOptions {
+                initial_position: match self.start_at {
+                    StartAt::Latest => InitialPosition::Latest,
+                    _ => InitialPosition::Earliest,
+                },
+                ..self.options.clone()
+            })
             .with_unacked_message_resend_delay(self.ack_timeout);
         if let (Some(max), Some(topic)) = (declaration.max_attempts, &declaration.dead_letter) {
             builder = builder.with_dead_letter_policy(DeadLetterPolicy {

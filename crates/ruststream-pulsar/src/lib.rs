@@ -47,7 +47,7 @@
 //! # Ok(()) }
 //! ```
 //!
-//! # Deadlines, backoff and refused copies (SPEC G1-G4)
+//! # Guard rails (SPEC G1-G8): deadlines, refused copies, bounds, start position
 //!
 //! - Handlers run within the registration's `timeout` (the app's default is 30 s); past
 //!   it the attempt counts as failed: a `nack`.
@@ -56,6 +56,11 @@
 //! - The runtime publishes no copies on Pulsar: the client's dead-letter policy moves
 //!   exhausted messages (P5), so there is no refused copy to handle here; a dead-letter
 //!   topic the subscription reads itself is refused at start.
+//!
+//! - A new subscription starts at the earliest message (`StartAt::Earliest`, the same
+//!   default as every transport, where the client's own default is the latest);
+//!   `.start_at(StartAt::Latest)` skips the backlog. `Pulsar::connect` fails after 10 s
+//!   with the address named. Held `retry_after` waits count toward `max_in_flight`.
 //!
 //! # What it cannot promise (measured in RELIABILITY.md)
 //!
@@ -79,6 +84,7 @@ pub use descriptor::PulsarTopic;
 pub use publish::PulsarPublisher;
 pub use pulsar;
 pub use pulsar::message::proto::command_subscribe::SubType;
+pub use ruststream_core::StartAt;
 pub use subscription::{PulsarReceipt, PulsarSubscription};
 
 /// A Pulsar cluster connection, shared by descriptors and publishers.
@@ -104,16 +110,31 @@ pub struct ConnectError {
     pub detail: String,
 }
 
+/// How long [`Pulsar::connect`] waits for the broker (SPEC G7).
+pub const DEFAULT_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 impl Pulsar {
-    /// Connects to `url` (`pulsar://host:port`).
+    /// Connects to `url` (`pulsar://host:port`), failing after
+    /// [`DEFAULT_CONNECT_TIMEOUT`] (10 s) when the broker does not answer.
     pub async fn connect(url: &str) -> Result<Self, ConnectError> {
-        let client = pulsar::Pulsar::builder(url, pulsar::TokioExecutor)
-            .build()
+        Self::connect_within(url, DEFAULT_CONNECT_TIMEOUT).await
+    }
+
+    /// Connects to `url`, failing after `timeout` with an error naming it (SPEC G7). The
+    /// client's own retries (it tries again for about 40 s by default) stop at the deadline.
+    pub async fn connect_within(
+        url: &str,
+        timeout: std::time::Duration,
+    ) -> Result<Self, ConnectError> {
+        let fail = |detail: String| ConnectError {
+            url: url.to_owned(),
+            detail,
+        };
+        let build = pulsar::Pulsar::builder(url, pulsar::TokioExecutor).build();
+        let client = tokio::time::timeout(timeout, build)
             .await
-            .map_err(|e| ConnectError {
-                url: url.to_owned(),
-                detail: e.to_string(),
-            })?;
+            .map_err(|_| fail(format!("no answer within {timeout:?}")))?
+            .map_err(|e| fail(e.to_string()))?;
         Ok(Self::from_client(client))
     }
 

@@ -285,6 +285,10 @@ impl Subscription for PulsarSubscription {
         }
     }
 
+    fn holding(&self) -> usize {
+        self.held.len()
+    }
+
     async fn close(self) {
         let Some(mut consumer) = self.consumer else {
             return;

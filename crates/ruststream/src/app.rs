@@ -10,11 +10,15 @@ use tokio::task::JoinHandle;
 
 use crate::middleware::Service;
 use crate::registration::Registration;
-use crate::runtime::{Activity, Env, Mount, Observe};
+use crate::runtime::{Activity, Env, InFlight, Mount, Observe};
 use crate::state::StateMap;
 
 /// How long running handlers get to finish on stop, unless set.
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long closing each subscription may take after the drain, unless set (SPEC G6):
+/// a stop ends within `shutdown_timeout` + this, whatever the brokers do.
+pub const DEFAULT_CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The handler deadline of every registration that sets none (SPEC G1): past it a call
 /// is cancelled and counts as a failed attempt. Equal to JetStream's default `ack_wait`.
@@ -42,6 +46,7 @@ pub struct App {
     mounts: Vec<Box<dyn Mount>>,
     state: StateMap,
     shutdown_timeout: Duration,
+    close_timeout: Duration,
     handler_timeout: Duration,
     stop_tx: watch::Sender<bool>,
     observer: Option<Arc<dyn Observe>>,
@@ -75,6 +80,7 @@ impl App {
             mounts: Vec::new(),
             state: StateMap::default(),
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
+            close_timeout: DEFAULT_CLOSE_TIMEOUT,
             handler_timeout: DEFAULT_HANDLER_TIMEOUT,
             stop_tx: watch::channel(false).0,
             observer: None,
@@ -97,6 +103,14 @@ impl App {
     /// How long running handlers get to finish on stop (default 30 s).
     pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
         self.shutdown_timeout = timeout;
+        self
+    }
+
+    /// How long closing each subscription may take after the drain (default
+    /// [`DEFAULT_CLOSE_TIMEOUT`], 10 s): from a stop signal the app ends within
+    /// `shutdown_timeout` + `close_timeout`, even with every broker unreachable (SPEC G6).
+    pub fn close_timeout(mut self, timeout: Duration) -> Self {
+        self.close_timeout = timeout;
         self
     }
 
@@ -157,19 +171,25 @@ impl App {
             state: Arc::new(self.state),
             stop: self.stop_tx.subscribe(),
             drain_timeout: self.shutdown_timeout,
+            close_timeout: self.close_timeout,
             handler_timeout: self.handler_timeout,
             observer: self.observer,
             activity: self.activity,
         };
         let mut drivers = Vec::with_capacity(self.mounts.len());
+        let mut in_flight = Vec::with_capacity(self.mounts.len());
         for mount in self.mounts {
             let (name, address) = (mount.name().to_owned(), mount.address().to_owned());
             match mount.start(env.clone()).await {
-                Ok(driver) => drivers.push(driver),
+                Ok(started) => {
+                    drivers.push(started.driver);
+                    in_flight.push(started.in_flight);
+                }
                 Err(detail) => {
                     let running = Running {
                         stop_tx: self.stop_tx,
                         drivers,
+                        in_flight,
                     };
                     running.stop().await;
                     return Err(StartError::Open {
@@ -183,18 +203,14 @@ impl App {
         Ok(Running {
             stop_tx: self.stop_tx,
             drivers,
+            in_flight,
         })
     }
 
-    /// Starts, then runs until SIGINT, SIGTERM or a [`StopHandle`], then drains.
+    /// Starts, then runs until SIGINT, SIGTERM or a [`StopHandle`], then drains: see
+    /// [`Running::until_signal`].
     pub async fn run(self) -> Result<(), StartError> {
-        let running = self.start().await?;
-        let mut stop = running.stop_tx.subscribe();
-        tokio::select! {
-            () = shutdown_signal() => tracing::info!("stop signal received; draining"),
-            _ = stop.wait_for(|s| *s) => {}
-        }
-        running.stop().await;
+        self.start().await?.until_signal().await;
         Ok(())
     }
 }
@@ -240,6 +256,7 @@ impl StopHandle {
 pub struct Running {
     stop_tx: watch::Sender<bool>,
     drivers: Vec<JoinHandle<()>>,
+    in_flight: Vec<Arc<InFlight>>,
 }
 
 impl Running {
@@ -248,6 +265,41 @@ impl Running {
         StopHandle {
             tx: self.stop_tx.clone(),
         }
+    }
+
+    /// Runs until SIGINT, SIGTERM or a [`StopHandle`], then stops as [`Running::stop`]
+    /// does: it returns within the shutdown timeout + the close timeout of the signal,
+    /// whatever the brokers do. A second SIGINT or SIGTERM during the drain ends the
+    /// process at once (exit code 130), after logging at ERROR how many deliveries each
+    /// registration leaves unsettled (SPEC G6).
+    pub async fn until_signal(self) {
+        let mut stop = self.stop_tx.subscribe();
+        tokio::select! {
+            () = shutdown_signal() => tracing::info!("stop signal received; draining"),
+            _ = stop.wait_for(|s| *s) => {}
+        }
+        let in_flight = self.in_flight.clone();
+        tokio::select! {
+            () = self.stop() => {}
+            () = shutdown_signal() => {
+                for held in in_flight.iter().filter(|h| h.count() > 0) {
+                    tracing::error!(
+                        registration = &*held.registration,
+                        address = &*held.address,
+                        unsettled = held.count(),
+                        "second stop signal: exiting now; these deliveries stay unsettled and come back as the broker's rules say"
+                    );
+                }
+                let total: usize = in_flight.iter().map(|h| h.count()).sum();
+                tracing::error!(unsettled = total, "second stop signal: exiting now");
+                std::process::exit(130);
+            }
+        }
+    }
+
+    /// Deliveries fetched and not settled yet, over every subscription.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.iter().map(|h| h.count()).sum()
     }
 
     /// Stops fetching, lets running handlers finish within the shutdown timeout, settles

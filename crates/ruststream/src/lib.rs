@@ -81,8 +81,8 @@ mod state;
 pub mod testing;
 
 pub use app::{
-    App, DEFAULT_HANDLER_TIMEOUT, DEFAULT_SHUTDOWN_TIMEOUT, Running, StartError, StopHandle,
-    Violation,
+    App, DEFAULT_CLOSE_TIMEOUT, DEFAULT_HANDLER_TIMEOUT, DEFAULT_SHUTDOWN_TIMEOUT, Running,
+    StartError, StopHandle, Violation,
 };
 pub use backoff::Backoff;
 pub use codec::{Codec, Json};
@@ -91,10 +91,12 @@ pub use extract::{
 };
 pub use handler::{Completion, Handler, IntoOutcome};
 pub use publisher::{PublishBuilder, Publisher};
-pub use registration::{FailurePolicy, LaneKey, MAX_LANES, Registration, on};
+pub use registration::{
+    DEFAULT_MAX_IN_FLIGHT, FailurePolicy, LaneKey, MAX_LANES, Registration, on,
+};
 pub use ruststream_core as core;
 pub use ruststream_core::{
     AckError, Attempt, AttemptSource, Delivery, HandlerOutcome, Headers, Metadata, Outgoing,
-    PublishError, RETRY_COUNT_HEADER,
+    PublishError, RETRY_COUNT_HEADER, StartAt,
 };
 pub use state::StateMap;

@@ -88,7 +88,11 @@ pub(crate) struct Options {
     pub(crate) failure_policy: FailurePolicy,
     pub(crate) timeout: Option<Duration>,
     pub(crate) backoff: Option<Backoff>,
+    pub(crate) max_in_flight: usize,
 }
+
+/// How many deliveries a subscription holds at most unless set (SPEC G5).
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 1024;
 
 /// The most lanes one registration may run (SPEC G4): lanes are futures of one task, and
 /// past this a registration is better split.
@@ -105,6 +109,7 @@ impl Default for Options {
             failure_policy: FailurePolicy::DeadLetter,
             timeout: None,
             backoff: None,
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
         }
     }
 }
@@ -174,6 +179,16 @@ impl<D: Descriptor, S: Service> Registration<D, S> {
         self
     }
 
+    /// The most deliveries this subscription holds at once: running, queued for a lane,
+    /// and waiting for a `retry_after` (default [`DEFAULT_MAX_IN_FLIGHT`], 1024). At the
+    /// bound it stops fetching and goes on as deliveries settle (SPEC G5), so memory stays
+    /// bounded whatever the handlers return. Per-key order and Kafka positions are kept:
+    /// nothing is skipped, only read later.
+    pub fn max_in_flight(mut self, n: usize) -> Self {
+        self.options.max_in_flight = n;
+        self
+    }
+
     /// How deliveries are assigned to lanes.
     pub fn lane_by(mut self, key: LaneKey) -> Self {
         self.options.lane_key = key;
@@ -230,6 +245,9 @@ impl<D: Descriptor, S: Service> Registration<D, S> {
                 "lanes({}) is above the bound of {MAX_LANES}; split the work over registrations",
                 self.options.lanes
             ));
+        }
+        if self.options.max_in_flight == 0 {
+            broken.push("max_in_flight must be at least 1".to_owned());
         }
         if self.options.timeout.is_some_and(|d| d.is_zero()) {
             broken.push("the handler timeout must be longer than zero".to_owned());

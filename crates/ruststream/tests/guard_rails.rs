@@ -167,3 +167,27 @@ async fn g2_backoff_turns_retry_into_a_delayed_redelivery_natively() {
 async fn g2_backoff_turns_retry_into_a_delayed_copy_on_the_runtime_path() {
     backoff_delays_retries(true).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g5_parked_retry_afters_stop_fetching_at_max_in_flight() {
+    let broker = MemoryBroker::recording();
+    let parks = |_meta: Meta| async { HandlerOutcome::retry_after(Duration::from_secs(60)) };
+    let app = App::new().register(
+        on(broker.topic("park").runtime_retries(), parks)
+            .max_attempts(3)
+            .max_in_flight(100)
+            .lanes(4),
+    );
+    let test = TestApp::start(app, &broker).await.unwrap();
+    for n in 0..2_000u32 {
+        test.publish("park", &n).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while test.calls().len() < 100 {
+        assert!(Instant::now() < deadline, "the bound reached");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(test.calls().len(), 100, "nothing fetched past the bound");
+    test.stop().await;
+}

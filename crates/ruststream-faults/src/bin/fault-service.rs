@@ -9,7 +9,10 @@
 //!   subscription `group` on topic `address`; `url` is the broker's `host:port`, reached
 //!   through the checksum relay).
 //! - mode: `ack` (ack at once), `slow` (work 50 ms, then ack), `hold` (the first attempt
-//!   asks `retry_after(3 s)`, later ones ack).
+//!   asks `retry_after(3 s)`, later ones ack), `hang` (never returns).
+//!
+//! It runs until SIGINT or SIGTERM (`Running::until_signal`); `FAULT_SHUTDOWN_MS` and
+//! `FAULT_CLOSE_MS` set the app's shutdown and close timeouts.
 //!
 //! Prints `ready` once its subscription is open, then per handler call
 //! `start <payload> <attempt>` on entry and `done <payload> <attempt>` (acked) or
@@ -32,6 +35,7 @@ enum Mode {
     Ack,
     Slow,
     Hold,
+    Hang,
 }
 
 fn say(line: &str) {
@@ -52,13 +56,28 @@ async fn handle(d: Delivery, mode: Mode) -> HandlerOutcome {
             return HandlerOutcome::retry_after(HOLD);
         }
         Mode::Hold => {}
+        Mode::Hang => std::future::pending::<()>().await,
     }
     say(&format!("done {payload} {attempt}"));
     HandlerOutcome::ack()
 }
 
+fn millis(variable: &str) -> Option<Duration> {
+    std::env::var(variable)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map(Duration::from_millis)
+}
+
 async fn serve<D: Descriptor>(descriptor: D, mode: Mode) -> Result<(), Box<dyn std::error::Error>> {
-    let running = App::new()
+    let mut app = App::new();
+    if let Some(timeout) = millis("FAULT_SHUTDOWN_MS") {
+        app = app.shutdown_timeout(timeout);
+    }
+    if let Some(timeout) = millis("FAULT_CLOSE_MS") {
+        app = app.close_timeout(timeout);
+    }
+    let running = app
         .register(
             on(descriptor, move |d: Delivery| handle(d, mode))
                 .name("fault-service")
@@ -67,7 +86,8 @@ async fn serve<D: Descriptor>(descriptor: D, mode: Mode) -> Result<(), Box<dyn s
         .start()
         .await?;
     say("ready");
-    running.wait().await;
+    running.until_signal().await;
+    say("stopped");
     Ok(())
 }
 
@@ -97,7 +117,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "ack" => Mode::Ack,
         "slow" => Mode::Slow,
         "hold" => Mode::Hold,
-        other => return Err(format!("unknown mode `{other}`: ack, slow or hold").into()),
+        "hang" => Mode::Hang,
+        other => return Err(format!("unknown mode `{other}`: ack, slow, hold or hang").into()),
     };
     match transport.as_str() {
         "core" => {

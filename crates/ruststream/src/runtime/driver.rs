@@ -17,11 +17,12 @@ use tokio::time::{Instant, sleep_until};
 
 use super::board::Board;
 use super::refusals::Refusals;
-use super::{Activity, Observe, copy, lane};
+use super::{Activity, InFlight, Observe, copy, lane};
 use crate::backoff::Backoff;
 use crate::extract::Context;
 use crate::middleware::Service;
 use crate::registration::{FailurePolicy, LaneKey};
+use std::sync::atomic::Ordering;
 
 /// After a subscription error, wait this long before fetching again.
 const ERROR_PAUSE: Duration = Duration::from_millis(200);
@@ -45,6 +46,29 @@ pub(crate) struct Shared<S> {
     pub(crate) stop: watch::Receiver<bool>,
     pub(crate) observer: Option<Arc<dyn Observe>>,
     pub(crate) activity: Arc<Activity>,
+    /// This subscription's deliveries fetched and not settled.
+    pub(crate) in_flight: Arc<InFlight>,
+    /// Fetching pauses while this many are in flight (SPEC G5).
+    pub(crate) max_in_flight: usize,
+}
+
+impl<S> Shared<S> {
+    fn begin(&self) {
+        self.activity.begin();
+        self.in_flight.count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn end(&self) {
+        self.activity.end();
+        self.in_flight.count.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// How long a stop may take: the drain, then closing the subscription (SPEC G6).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Deadlines {
+    pub(crate) drain: Duration,
+    pub(crate) close: Duration,
 }
 
 pub(crate) struct Lanes {
@@ -87,7 +111,7 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
     shared: Arc<Shared<S>>,
     lanes: Lanes,
     mut stop: watch::Receiver<bool>,
-    drain_timeout: Duration,
+    deadlines: Deadlines,
 ) {
     // Lanes are futures polled by this task, not tasks of their own: handing a delivery
     // to a lane and getting its settlement back then costs no cross-thread wake-up. Lanes
@@ -131,8 +155,25 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
             }
         }
     });
+    let mut at_bound = false;
     loop {
         let lane = pending.as_ref().map_or(0, |(lane, _)| *lane);
+        // At the bound nothing more is fetched until deliveries settle (G5): running,
+        // queued, waiting for a delayed copy, or held by the subscription itself.
+        let room = shared.in_flight.count() + subscription.holding() < shared.max_in_flight;
+        if room == at_bound {
+            at_bound = !room;
+            tracing::debug!(
+                registration = &*shared.registration,
+                max_in_flight = shared.max_in_flight,
+                "{}",
+                if at_bound {
+                    "max_in_flight reached; fetching paused"
+                } else {
+                    "fetching resumed"
+                }
+            );
+        }
         tokio::select! {
             biased;
             () = &mut lanes_running => {
@@ -158,9 +199,9 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
                     pending = Some((lane, job));
                 }
             }
-            next = subscription.next(), if pending.is_none() => match next {
+            next = subscription.next(), if pending.is_none() && room => match next {
                 Some(Ok((delivery, receipt))) => {
-                    shared.activity.begin();
+                    shared.begin();
                     let lane = pick_lane(&delivery, &lanes, &mut round_robin);
                     // A lane with room takes it at once; a full one is waited for above.
                     if let Some(job) = board.offer(lane, Job { delivery, receipt }) {
@@ -179,8 +220,57 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
         }
     }
 
-    // Stop: fetch nothing more; let the lanes finish what they hold, within the deadline.
-    let deadline = Instant::now() + drain_timeout;
+    // Stop: fetch nothing more; let the lanes finish what they hold, within the drain
+    // deadline, then close within the close deadline, whatever the broker does (G6).
+    let hard = Instant::now() + deadlines.drain + deadlines.close;
+    let registration = Arc::clone(&shared.registration);
+    let stopped = tokio::time::timeout_at(
+        hard,
+        drain_and_close(
+            subscription,
+            shared,
+            board,
+            lanes_running,
+            pending,
+            timers,
+            timers_tx,
+            timers_rx,
+            deadlines,
+        ),
+    )
+    .await;
+    if stopped.is_err() {
+        tracing::warn!(
+            registration = &*registration,
+            deadline = ?deadlines.drain + deadlines.close,
+            "the subscription did not close within the drain and close deadlines (the broker \
+             unreachable?); left behind, unsettled deliveries come back as the broker's rules say"
+        );
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn drain_and_close<Sub: Subscription, S: Service>(
+    mut subscription: Sub,
+    shared: Arc<Shared<S>>,
+    board: Arc<Board<Sub::Receipt>>,
+    mut lanes_running: impl Future<Output = ()> + Unpin,
+    mut pending: Option<(usize, Job<Sub::Receipt>)>,
+    mut timers: JoinSet<Done<Sub::Receipt>>,
+    timers_tx: watch::Sender<Timers>,
+    timers_rx: watch::Receiver<Timers>,
+    deadlines: Deadlines,
+) {
+    let finished = || {
+        poll_fn(|_| {
+            if board.has_done() {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+    };
+    let deadline = Instant::now() + deadlines.drain;
     if let Some((lane, job)) = pending.take() {
         // Fetched but not started: it runs too rather than being dropped.
         board.push(lane, job);
@@ -218,7 +308,16 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
         }
     }
     drop(lanes_running);
-    subscription.close().await;
+    if tokio::time::timeout(deadlines.close, subscription.close())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            registration = &*shared.registration,
+            close_timeout = ?deadlines.close,
+            "closing the subscription timed out; left behind"
+        );
+    }
 }
 
 fn pick_lane(delivery: &Delivery, lanes: &Lanes, round_robin: &mut usize) -> usize {
@@ -251,9 +350,9 @@ async fn apply<Sub: Subscription, S: Service>(
             {
                 tracing::error!(registration = &*shared.registration, ?settle, %error, "settlement failed");
             }
-            shared.activity.end();
+            shared.end();
         }
-        Done::HandedBack => shared.activity.end(),
+        Done::HandedBack => shared.end(),
         Done::Delayed {
             receipt,
             delivery,

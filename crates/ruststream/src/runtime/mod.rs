@@ -43,6 +43,26 @@ impl Activity {
     }
 }
 
+/// One subscription's deliveries fetched and not settled yet (SPEC G5, G6).
+#[derive(Debug)]
+pub(crate) struct InFlight {
+    pub(crate) registration: Arc<str>,
+    pub(crate) address: String,
+    count: AtomicUsize,
+}
+
+impl InFlight {
+    pub(crate) fn count(&self) -> usize {
+        self.count.load(Ordering::Relaxed)
+    }
+}
+
+/// A started registration: its driver task and what it holds.
+pub(crate) struct Started {
+    pub(crate) driver: JoinHandle<()>,
+    pub(crate) in_flight: Arc<InFlight>,
+}
+
 /// One handled delivery, as an observer sees it.
 pub(crate) struct Handled<'a> {
     pub(crate) registration: &'a str,
@@ -62,6 +82,7 @@ pub(crate) struct Env {
     pub(crate) state: Arc<StateMap>,
     pub(crate) stop: watch::Receiver<bool>,
     pub(crate) drain_timeout: Duration,
+    pub(crate) close_timeout: Duration,
     pub(crate) handler_timeout: Duration,
     pub(crate) observer: Option<Arc<dyn Observe>>,
     pub(crate) activity: Arc<Activity>,
@@ -73,7 +94,7 @@ pub(crate) trait Mount: Send {
     fn address(&self) -> &str;
     fn violations(&self, state: &StateMap) -> Vec<String>;
     /// Opens the subscription and spawns its driver.
-    fn start(self: Box<Self>, env: Env) -> BoxFuture<'static, Result<JoinHandle<()>, String>>;
+    fn start(self: Box<Self>, env: Env) -> BoxFuture<'static, Result<Started, String>>;
 }
 
 impl<D: Descriptor, S: Service> Mount for Registration<D, S> {
@@ -89,7 +110,7 @@ impl<D: Descriptor, S: Service> Mount for Registration<D, S> {
         Registration::violations(self, state)
     }
 
-    fn start(self: Box<Self>, env: Env) -> BoxFuture<'static, Result<JoinHandle<()>, String>> {
+    fn start(self: Box<Self>, env: Env) -> BoxFuture<'static, Result<Started, String>> {
         Box::pin(async move {
             let this = *self;
             let deadline = this.options.timeout.unwrap_or(env.handler_timeout);
@@ -98,6 +119,11 @@ impl<D: Descriptor, S: Service> Mount for Registration<D, S> {
             let capabilities = this.descriptor.capabilities();
             let copies = this.descriptor.publisher();
             let registration: Arc<str> = Arc::from(this.name.as_str());
+            let in_flight = Arc::new(InFlight {
+                registration: Arc::clone(&registration),
+                address: this.descriptor.address().to_owned(),
+                count: AtomicUsize::new(0),
+            });
             let subscription = this
                 .descriptor
                 .open(&declaration)
@@ -120,19 +146,25 @@ impl<D: Descriptor, S: Service> Mount for Registration<D, S> {
                 stop: env.stop.clone(),
                 observer: env.observer,
                 activity: env.activity,
+                in_flight: Arc::clone(&in_flight),
+                max_in_flight: this.options.max_in_flight,
                 registration,
             });
             let lanes = driver::Lanes {
                 count: this.options.lanes.max(1),
                 key: this.options.lane_key,
             };
-            Ok(tokio::spawn(driver::drive(
+            let driver = tokio::spawn(driver::drive(
                 subscription,
                 shared,
                 lanes,
                 env.stop,
-                env.drain_timeout,
-            )))
+                driver::Deadlines {
+                    drain: env.drain_timeout,
+                    close: env.close_timeout,
+                },
+            ));
+            Ok(Started { driver, in_flight })
         })
     }
 }

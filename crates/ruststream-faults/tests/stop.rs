@@ -1,0 +1,139 @@
+//! A bounded stop (SPEC G6), with the service as a separate process (`fault-service`,
+//! which runs until a signal with `Running::until_signal`): a stop while its broker is
+//! gone ends within the drain and close deadlines, and a second signal ends it at once.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use ruststream::Headers;
+use ruststream_faults::{Service, unique};
+use ruststream_nats::Nats;
+use ruststream_nats::async_nats::jetstream::{self, stream};
+use tokio::process::Command;
+
+const SERVICE: &str = env!("CARGO_BIN_EXE_fault-service");
+
+fn installed(name: &str) -> PathBuf {
+    let binary = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../.brokers/bin")
+        .join(name);
+    assert!(
+        binary.exists(),
+        "{} is missing: run the tests with scripts/test, which installs it",
+        binary.display()
+    );
+    binary
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free local port")
+        .port()
+}
+
+async fn stream_on(nats: &Nats, name: &str) {
+    jetstream::new(nats.client().clone())
+        .create_stream(stream::Config {
+            name: name.to_owned(),
+            subjects: vec![name.to_owned()],
+            ..Default::default()
+        })
+        .await
+        .expect("create stream");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g6_a_stop_with_the_server_gone_ends_within_the_drain_and_close_deadlines() {
+    // A nats-server of this test's own, to kill.
+    let port = free_port();
+    let data = std::env::temp_dir().join(unique("g6-nats"));
+    let mut server = Command::new(installed("nats-server"))
+        .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
+        .arg(&data)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start nats-server");
+    let url = format!("nats://127.0.0.1:{port}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let nats = loop {
+        if let Ok(nats) = Nats::connect(&url).await {
+            break nats;
+        }
+        assert!(Instant::now() < deadline, "nats-server did not come up");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let name = unique("G6GONE").replace('-', "_");
+    stream_on(&nats, &name).await;
+    let (drain, close) = (Duration::from_secs(2), Duration::from_secs(3));
+    let mut service = Service::spawn_with(
+        SERVICE,
+        &["jetstream", &url, &name, "worker", "ack"],
+        &[
+            ("FAULT_SHUTDOWN_MS", &drain.as_millis().to_string()),
+            ("FAULT_CLOSE_MS", &close.as_millis().to_string()),
+        ],
+    );
+    service
+        .until(Duration::from_secs(30), "ready", |t| t.ready)
+        .await;
+    server.kill().await.expect("SIGKILL nats-server");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let asked = Instant::now();
+    service.signal("TERM");
+    // Before G6 the idle service was still alive 58 s after SIGTERM.
+    let code = service
+        .exits_within(drain + close + Duration::from_secs(5))
+        .await;
+    let took = asked.elapsed();
+    assert_eq!(code, Some(0), "a clean exit");
+    println!(
+        "RELIABILITY|NATS JetStream|guard rail: stop (SIGTERM) of an idle service with nats-server SIGKILLed, shutdown_timeout 2 s, close_timeout 3 s: exited after {:.1} s|lost 0 (nothing in flight)|none|none",
+        took.as_secs_f64()
+    );
+    let _ = std::fs::remove_dir_all(&data);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g6_a_second_signal_during_the_drain_exits_at_once() {
+    let url = std::env::var("RUSTSTREAM_NATS_URL").unwrap_or_else(|_| {
+        panic!("RUSTSTREAM_NATS_URL is not set: run the tests with scripts/test")
+    });
+    let nats = Nats::connect(&url)
+        .await
+        .expect("the tests need nats-server");
+    let name = unique("G6TWICE").replace('-', "_");
+    stream_on(&nats, &name).await;
+    let mut service = Service::spawn_with(
+        SERVICE,
+        &["jetstream", &url, &name, "worker", "hang"],
+        &[("FAULT_SHUTDOWN_MS", "60000")],
+    );
+    service
+        .until(Duration::from_secs(30), "ready", |t| t.ready)
+        .await;
+    nats.publisher()
+        .jetstream(&name, &Headers::new(), Bytes::from_static(b"stuck"), None)
+        .await
+        .expect("publish");
+    service
+        .until(Duration::from_secs(30), "the handler runs", |t| {
+            !t.started.is_empty()
+        })
+        .await;
+    service.signal("TERM");
+    // The drain would wait up to 60 s for the hung handler.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let asked = Instant::now();
+    service.signal("TERM");
+    let code = service.exits_within(Duration::from_secs(5)).await;
+    assert_eq!(code, Some(130), "exited at once, saying it was cut short");
+    println!(
+        "RELIABILITY|NATS JetStream|guard rail: a second SIGTERM while a hung handler holds the drain (shutdown_timeout 60 s): exited after {:.2} s with code 130, the unsettled count logged|lost 0 (the unsettled delivery comes back after ack_wait)|none|none",
+        asked.elapsed().as_secs_f64()
+    );
+}

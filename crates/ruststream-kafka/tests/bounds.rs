@@ -1,0 +1,156 @@
+//! Bounded memory and start, one start position (SPEC G5, G7, G8) against the real broker.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{Script, create_topic, eventually, handler, kafka, produce, unique};
+use ruststream::{App, HandlerOutcome, Headers, StartError, on};
+use ruststream_kafka::{Commit, Kafka, KafkaTopic, StartAt};
+
+fn topic(kafka: &Kafka, topic: &str, group: &str, commit: Commit) -> KafkaTopic {
+    kafka
+        .topic(topic)
+        .group(group)
+        .commit(commit)
+        .set("auto.commit.interval.ms", "100")
+        .set("session.timeout.ms", "6000")
+        .set("heartbeat.interval.ms", "500")
+}
+
+/// Resident memory of this process, from /proc.
+fn rss_mb() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    let kb: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS");
+    kb / 1024.0
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g5_fifty_thousand_parked_retry_afters_stop_at_max_in_flight() {
+    let kafka = kafka().await;
+    let (t, group) = (unique("g5park"), unique("g"));
+    create_topic(&t, 1).await;
+    let records = 50_000usize;
+    let payload = Arc::new(vec![b'p'; 1024]);
+    let mut producers = tokio::task::JoinSet::new();
+    for worker in 0..50 {
+        let (kafka, t, payload) = (kafka.clone(), t.clone(), Arc::clone(&payload));
+        producers.spawn(async move {
+            for n in 0..records / 50 {
+                let key = format!("k{worker}-{n}");
+                produce(&kafka, &t, Some(&key), &payload, &Headers::new()).await;
+            }
+        });
+    }
+    while let Some(done) = producers.join_next().await {
+        done.expect("producer");
+    }
+    let before = rss_mb();
+    let script = Script::new(|_| HandlerOutcome::retry_after(Duration::from_secs(120)));
+    let bound = 1000;
+    let app = App::new()
+        .register(
+            on(
+                topic(&kafka, &t, &group, Commit::Tracked),
+                handler(Arc::clone(&script)),
+            )
+            .max_attempts(3)
+            .max_in_flight(bound)
+            .lanes(8),
+        )
+        .start()
+        .await
+        .expect("start");
+    eventually(Duration::from_secs(60), "the bound reached", || {
+        script.count() >= bound
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let parked = script.count();
+    let after = rss_mb();
+    assert_eq!(parked, bound, "no record fetched past max_in_flight");
+    app.stop().await;
+    println!(
+        "RELIABILITY|Kafka Commit::Tracked|guard rail: {records} records of 1 KB, every one retry_after(120 s), max_in_flight({bound}): {parked} parked, the rest left unfetched; RSS {before:.0} MB before the service, {after:.0} MB with it (librdkafka's own prefetch included)|lost 0 (the parked originals stay unsettled; a stop hands them back)|none|none declared"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g8_a_new_group_reads_from_the_earliest_record_by_default() {
+    let kafka = kafka().await;
+    let t = unique("g8");
+    create_topic(&t, 1).await;
+    for n in 0..3 {
+        produce(
+            &kafka,
+            &t,
+            None,
+            format!("early-{n}").as_bytes(),
+            &Headers::new(),
+        )
+        .await;
+    }
+    let script = Script::new(|_| HandlerOutcome::ack());
+    let app = App::new()
+        .register(on(
+            topic(&kafka, &t, &unique("g"), Commit::Auto),
+            handler(Arc::clone(&script)),
+        ))
+        .start()
+        .await
+        .expect("start");
+    eventually(Duration::from_secs(30), "the 3 earlier records", || {
+        script.count() == 3
+    })
+    .await;
+    app.stop().await;
+    let script = Script::new(|_| HandlerOutcome::ack());
+    let app = App::new()
+        .register(on(
+            topic(&kafka, &t, &unique("g"), Commit::Auto).start_at(StartAt::Latest),
+            handler(Arc::clone(&script)),
+        ))
+        .start()
+        .await
+        .expect("start");
+    // The group forms and takes its partition before the later record comes.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    produce(&kafka, &t, None, b"later", &Headers::new()).await;
+    eventually(Duration::from_secs(30), "the later record", || {
+        script.count() >= 1
+    })
+    .await;
+    let payloads: Vec<Vec<u8>> = script.calls().iter().map(|c| c.payload.to_vec()).collect();
+    assert_eq!(payloads, vec![b"later".to_vec()], "the backlog skipped");
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g7_start_against_a_closed_port_fails_within_the_connect_timeout_naming_it() {
+    let kafka = Kafka::connect("127.0.0.1:1")
+        .expect("a client")
+        .connect_timeout(Duration::from_secs(2));
+    let started = Instant::now();
+    let refused = App::new()
+        .register(on(
+            kafka.topic("anything").group("g"),
+            handler(Script::new(|_| HandlerOutcome::ack())),
+        ))
+        .start()
+        .await;
+    let took = started.elapsed();
+    let Err(StartError::Open { detail, .. }) = refused else {
+        panic!("started, or refused for another reason: {refused:?}");
+    };
+    assert!(detail.contains("127.0.0.1:1"), "{detail}");
+    assert!(took < Duration::from_secs(8), "failed after {took:?}");
+    println!(
+        "RELIABILITY|Kafka (every commit mode)|guard rail: start against a closed port, connect timeout 2 s: failed after {:.1} s naming the address|none|none|none",
+        took.as_secs_f64()
+    );
+}

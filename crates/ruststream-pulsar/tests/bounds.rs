@@ -1,0 +1,107 @@
+//! Bounded memory and start, one start position (SPEC G5, G7, G8) against pulsar-lite.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{Script, eventually, handler, pulsar, unique};
+use ruststream::{App, HandlerOutcome, Headers, on};
+use ruststream_pulsar::{Pulsar, StartAt};
+
+async fn send(pulsar: &Pulsar, topic: &str, payload: &str) {
+    pulsar
+        .publisher()
+        .send(topic, None, &Headers::new(), payload.as_bytes().to_vec())
+        .await
+        .expect("the broker took it");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g8_a_new_subscription_reads_the_backlog_by_default() {
+    let pulsar = pulsar().await;
+    let topic = unique("g8-backlog");
+    // The topic exists and holds 3 messages before any subscription does.
+    for n in 0..3 {
+        send(&pulsar, &topic, &format!("early-{n}")).await;
+    }
+    let script = Script::new(|_| HandlerOutcome::ack());
+    let app = App::new()
+        .register(on(
+            pulsar.topic(&topic).subscription("new"),
+            handler(Arc::clone(&script)),
+        ))
+        .start()
+        .await
+        .expect("start");
+    eventually(Duration::from_secs(20), "the 3 earlier messages", || {
+        script.count() == 3
+    })
+    .await;
+    app.stop().await;
+    // Latest, asked for: the backlog is skipped, what comes after is read.
+    let script = Script::new(|_| HandlerOutcome::ack());
+    let app = App::new()
+        .register(on(
+            pulsar
+                .topic(&topic)
+                .subscription("latest")
+                .start_at(StartAt::Latest),
+            handler(Arc::clone(&script)),
+        ))
+        .start()
+        .await
+        .expect("start");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    send(&pulsar, &topic, "later").await;
+    eventually(Duration::from_secs(20), "the later message", || {
+        script.count() >= 1
+    })
+    .await;
+    let payloads: Vec<Vec<u8>> = script.calls().iter().map(|c| c.payload.to_vec()).collect();
+    assert_eq!(payloads, vec![b"later".to_vec()], "the backlog skipped");
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g7_connecting_to_a_closed_port_fails_within_the_timeout_naming_the_address() {
+    let started = Instant::now();
+    let err = Pulsar::connect_within("pulsar://127.0.0.1:1", Duration::from_secs(2))
+        .await
+        .expect_err("nothing listens there");
+    let took = started.elapsed();
+    assert!(err.to_string().contains("pulsar://127.0.0.1:1"), "{err}");
+    assert!(took < Duration::from_secs(7), "failed after {took:?}");
+    println!(
+        "RELIABILITY|Pulsar|guard rail: start against a closed port, connect timeout 2 s: failed after {:.1} s naming the address|none|none|none",
+        took.as_secs_f64()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g5_held_retry_after_waits_stop_fetching_at_max_in_flight() {
+    let pulsar = pulsar().await;
+    let topic = unique("g5-held");
+    for n in 0..300 {
+        send(&pulsar, &topic, &format!("m{n}")).await;
+    }
+    let script = Script::new(|_| HandlerOutcome::retry_after(Duration::from_secs(60)));
+    let app = App::new()
+        .register(
+            on(
+                pulsar.topic(&topic).subscription("bounded"),
+                handler(Arc::clone(&script)),
+            )
+            .max_in_flight(50),
+        )
+        .start()
+        .await
+        .expect("start");
+    eventually(Duration::from_secs(30), "the bound reached", || {
+        script.count() >= 50
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(script.count(), 50, "fetching stopped at max_in_flight");
+    app.stop().await;
+}
