@@ -104,6 +104,7 @@ pub(crate) async fn deliver<S>(
 ) -> Settle {
     let registration = &*shared.registration;
     let capabilities = &shared.capabilities;
+    let attempt = delivery.attempt().number();
     let mut held = 0;
     loop {
         let result = match outgoing(delivery, &copy, &shared.declaration) {
@@ -126,6 +127,7 @@ pub(crate) async fn deliver<S>(
             tracing::warn!(
                 registration,
                 address = delivery.address(),
+                attempt,
                 %error,
                 "the retry copy is too large for the broker; dead-lettering the message as it arrived"
             );
@@ -133,13 +135,7 @@ pub(crate) async fn deliver<S>(
                 target: CopyTarget::DeadLetter,
                 delay: Duration::ZERO,
             };
-            planned = plan(
-                Verdict::Reject,
-                delivery.attempt().number(),
-                &shared.declaration,
-                capabilities,
-            )
-            .settle;
+            planned = plan(Verdict::Reject, attempt, &shared.declaration, capabilities).settle;
             continue;
         }
         let what = match copy.target {
@@ -153,7 +149,7 @@ pub(crate) async fn deliver<S>(
                     wait = wait.min(limit.saturating_sub(Duration::from_millis(100)));
                 }
                 tracing::error!(
-                    registration, address = delivery.address(), %error, comes_back_in = ?wait,
+                    registration, address = delivery.address(), attempt, %error, comes_back_in = ?wait,
                     "the broker refused the {what}; the original comes back later"
                 );
                 return Settle::RedeliverAfter(wait);
@@ -162,7 +158,7 @@ pub(crate) async fn deliver<S>(
                 held += 1;
                 let wait = REFUSAL_BACKOFF.delay(held);
                 tracing::error!(
-                    registration, address = delivery.address(), %error, tries = held, next_try_in = ?wait,
+                    registration, address = delivery.address(), attempt, %error, tries = held, next_try_in = ?wait,
                     "the broker refused the {what}; the original is held unsettled and the {what} tried again later"
                 );
                 if !wait_unless_stopped(&shared.stop, wait).await {
@@ -173,7 +169,7 @@ pub(crate) async fn deliver<S>(
             GiveBack::Rewind => {
                 let wait = REFUSAL_BACKOFF.delay(shared.refusals.refused(delivery));
                 tracing::error!(
-                    registration, address = delivery.address(), %error, read_again_in = ?wait,
+                    registration, address = delivery.address(), attempt, %error, read_again_in = ?wait,
                     "the broker refused the {what}; the original will be read again"
                 );
                 // A stop cuts the wait: the position still moves back before the close.
@@ -184,6 +180,7 @@ pub(crate) async fn deliver<S>(
                 tracing::error!(
                     registration,
                     address = delivery.address(),
+                    attempt,
                     destination = error.address,
                     reason = %error.kind,
                     %error,

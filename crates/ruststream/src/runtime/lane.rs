@@ -1,6 +1,6 @@
 //! A lane runs deliveries one at a time, in the order the driver hands them over.
 
-use std::future::poll_fn;
+use std::future::{Future, poll_fn};
 use std::pin::pin;
 use std::sync::Arc;
 use std::task::Poll;
@@ -87,16 +87,24 @@ async fn handle<S: Service, R>(shared: &Shared<S>, job: Job<R>) -> Done<R> {
 async fn call<S: Service>(
     shared: &Shared<S>,
     incoming: &Incoming,
-) -> (Completion, Option<super::unwind::Report>) {
+) -> (Completion, Option<Box<super::unwind::Report>>) {
     // A panic while extracting (synchronous) or while polling both count.
     let future = match in_handler(|| shared.service.call(incoming)) {
         Ok(future) => future,
         Err(Caught { message, report }) => return (Completion::Panicked(message), report),
     };
-    match tokio::time::timeout(shared.deadline, CatchUnwind(pin!(future))).await {
+    let mut future = pin!(CatchUnwind(pin!(future)));
+    // Most handlers finish in their first poll: no timer for them (the deadline then
+    // counts from the second poll, a negligible difference).
+    let first = poll_fn(|cx| Poll::Ready(future.as_mut().poll(cx))).await;
+    let result = match first {
+        Poll::Ready(result) => Ok(result),
+        // Dropping the timed-out future cancels the handler.
+        Poll::Pending => tokio::time::timeout(shared.deadline, future).await,
+    };
+    match result {
         Ok(Ok(completion)) => (completion, None),
         Ok(Err(Caught { message, report })) => (Completion::Panicked(message), report),
-        // Dropping the timed-out future cancels the handler.
         Err(_) => (Completion::TimedOut(shared.deadline), None),
     }
 }
@@ -105,7 +113,7 @@ fn decide<S>(
     shared: &Shared<S>,
     delivery: &Delivery,
     completion: &Completion,
-    report: Option<super::unwind::Report>,
+    report: Option<Box<super::unwind::Report>>,
 ) -> Plan {
     let registration = &*shared.registration;
     let address = delivery.address();
@@ -125,7 +133,7 @@ fn decide<S>(
             Verdict::Outcome(HandlerOutcome::retry())
         }
         Completion::Panicked(message) => {
-            let (location, backtrace) = match report {
+            let (location, backtrace) = match report.map(|r| *r) {
                 Some(r) => (r.location, r.backtrace),
                 None => ("unknown".to_owned(), None),
             };

@@ -15,7 +15,7 @@ thread_local! {
     /// True while this thread runs handler code (the runtime catches its panics).
     static IN_HANDLER: Cell<bool> = const { Cell::new(false) };
     /// What the hook saw of the last handler panic on this thread.
-    static LAST: RefCell<Option<Report>> = const { RefCell::new(None) };
+    static LAST: RefCell<Option<Box<Report>>> = const { RefCell::new(None) };
 }
 
 /// Where a handler panicked, and the backtrace when `RUST_BACKTRACE` asks for one.
@@ -29,7 +29,8 @@ pub(crate) struct Report {
 #[derive(Debug)]
 pub(crate) struct Caught {
     pub(crate) message: String,
-    pub(crate) report: Option<Report>,
+    /// Boxed: it travels with every completion, and is there only after a panic.
+    pub(crate) report: Option<Box<Report>>,
 }
 
 /// Installs, once per process, a panic hook that keeps quiet about panics inside
@@ -49,7 +50,7 @@ pub(crate) fn quiet_handler_panics() {
                     backtrace: (backtrace.status() == BacktraceStatus::Captured)
                         .then_some(backtrace),
                 };
-                LAST.with(|last| *last.borrow_mut() = Some(report));
+                LAST.with(|last| *last.borrow_mut() = Some(Box::new(report)));
             } else {
                 previous(info);
             }
