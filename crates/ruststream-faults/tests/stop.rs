@@ -45,56 +45,141 @@ async fn stream_on(nats: &Nats, name: &str) {
         .expect("create stream");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn g6_a_stop_with_the_server_gone_ends_within_the_drain_and_close_deadlines() {
-    // A nats-server of this test's own, to kill.
-    let port = free_port();
-    let data = std::env::temp_dir().join(unique("g6-nats"));
-    let mut server = Command::new(installed("nats-server"))
-        .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
-        .arg(&data)
+/// A broker process of this test's own, listening on `port`, to kill.
+async fn own_broker(program: &str, args: &[String], port: u16) -> tokio::process::Child {
+    let child = Command::new(installed(program))
+        .args(args)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .kill_on_drop(true)
         .spawn()
-        .expect("start nats-server");
-    let url = format!("nats://127.0.0.1:{port}");
+        .unwrap_or_else(|e| panic!("starting {program}: {e}"));
     let deadline = Instant::now() + Duration::from_secs(20);
-    let nats = loop {
-        if let Ok(nats) = Nats::connect(&url).await {
-            break nats;
-        }
-        assert!(Instant::now() < deadline, "nats-server did not come up");
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        assert!(Instant::now() < deadline, "{program} did not come up");
         tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    let name = unique("G6GONE").replace('-', "_");
-    stream_on(&nats, &name).await;
+    }
+    child
+}
+
+/// Starts `fault-service` on a broker of its own, kills the broker, sends SIGTERM and
+/// checks the service exits within the drain and close deadlines.
+async fn stop_with_the_broker_gone(
+    label: &str,
+    broker: &str,
+    mut server: tokio::process::Child,
+    service_args: &[&str],
+) {
     let (drain, close) = (Duration::from_secs(2), Duration::from_secs(3));
     let mut service = Service::spawn_with(
         SERVICE,
-        &["jetstream", &url, &name, "worker", "ack"],
+        service_args,
         &[
             ("FAULT_SHUTDOWN_MS", &drain.as_millis().to_string()),
             ("FAULT_CLOSE_MS", &close.as_millis().to_string()),
         ],
     );
     service
-        .until(Duration::from_secs(30), "ready", |t| t.ready)
+        .until(Duration::from_secs(60), "ready", |t| t.ready)
         .await;
-    server.kill().await.expect("SIGKILL nats-server");
+    server.kill().await.expect("SIGKILL the broker");
     tokio::time::sleep(Duration::from_millis(500)).await;
     let asked = Instant::now();
     service.signal("TERM");
-    // Before G6 the idle service was still alive 58 s after SIGTERM.
+    // Before G6 an idle JetStream service was still alive 58 s after SIGTERM.
     let code = service
         .exits_within(drain + close + Duration::from_secs(5))
         .await;
     let took = asked.elapsed();
     assert_eq!(code, Some(0), "a clean exit");
     println!(
-        "RELIABILITY|NATS JetStream|guard rail: stop (SIGTERM) of an idle service with nats-server SIGKILLed, shutdown_timeout 2 s, close_timeout 3 s: exited after {:.1} s|lost 0 (nothing in flight)|none|none",
+        "RELIABILITY|{label}|guard rail: stop (SIGTERM) of an idle service with {broker} SIGKILLed, shutdown_timeout 2 s, close_timeout 3 s: exited after {:.1} s|lost 0 (nothing in flight)|none|none",
         took.as_secs_f64()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g6_a_jetstream_stop_with_the_server_gone_ends_within_the_deadlines() {
+    let port = free_port();
+    let data = std::env::temp_dir().join(unique("g6-nats"));
+    let args: Vec<String> = ["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"]
+        .into_iter()
+        .map(str::to_owned)
+        .chain([data.display().to_string()])
+        .collect();
+    let server = own_broker("nats-server", &args, port).await;
+    let url = format!("nats://127.0.0.1:{port}");
+    let nats = Nats::connect(&url).await.expect("connect");
+    let name = unique("G6GONE").replace('-', "_");
+    stream_on(&nats, &name).await;
+    stop_with_the_broker_gone(
+        "NATS JetStream",
+        "nats-server",
+        server,
+        &["jetstream", &url, &name, "worker", "ack"],
+    )
+    .await;
+    let _ = std::fs::remove_dir_all(&data);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g6_a_kafka_stop_with_the_broker_gone_ends_within_the_deadlines() {
+    let port = free_port();
+    let listener = format!("tcp://127.0.0.1:{port}");
+    let args: Vec<String> = [
+        "broker",
+        "--storage-engine",
+        "memory://tansu/",
+        "--listener-url",
+        &listener,
+        "--advertised-listener-url",
+        &listener,
+    ]
+    .into_iter()
+    .map(str::to_owned)
+    .collect();
+    let server = own_broker("tansu", &args, port).await;
+    let url = format!("127.0.0.1:{port}");
+    stop_with_the_broker_gone(
+        "Kafka Commit::Tracked",
+        "tansu",
+        server,
+        &["kafka-tracked", &url, &unique("g6"), &unique("g"), "ack"],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g6_a_pulsar_stop_with_the_broker_gone_ends_within_the_deadlines() {
+    let port = free_port();
+    let data = std::env::temp_dir().join(unique("g6-pulsar"));
+    let config = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.brokers/pulsar-lite.toml");
+    let args: Vec<String> = vec![
+        "--config".into(),
+        config.display().to_string(),
+        "--addr".into(),
+        format!("127.0.0.1:{port}"),
+        "--db-path".into(),
+        data.display().to_string(),
+    ];
+    let server = own_broker("pulsar-lite", &args, port).await;
+    let url = format!("127.0.0.1:{port}");
+    stop_with_the_broker_gone(
+        "Pulsar",
+        "pulsar-lite",
+        server,
+        &[
+            "pulsar",
+            &url,
+            &format!("persistent://public/default/{}", unique("g6")),
+            "worker",
+            "ack",
+        ],
+    )
+    .await;
     let _ = std::fs::remove_dir_all(&data);
 }
 

@@ -128,6 +128,9 @@ async fn g8_a_new_group_reads_from_the_earliest_record_by_default() {
     let payloads: Vec<Vec<u8>> = script.calls().iter().map(|c| c.payload.to_vec()).collect();
     assert_eq!(payloads, vec![b"later".to_vec()], "the backlog skipped");
     app.stop().await;
+    println!(
+        "RELIABILITY|Kafka (every commit mode)|guard rail: a new subscription created after 3 messages were sent, default start position|lost 0 of 3 (StartAt::Earliest); with StartAt::Latest the 3 are skipped and a later one is read, as asked|none|none declared"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -61,6 +61,9 @@ async fn g8_a_new_subscription_reads_the_backlog_by_default() {
     let payloads: Vec<Vec<u8>> = script.calls().iter().map(|c| c.payload.to_vec()).collect();
     assert_eq!(payloads, vec![b"later".to_vec()], "the backlog skipped");
     app.stop().await;
+    println!(
+        "RELIABILITY|Pulsar|guard rail: a new subscription created after 3 messages were sent, default start position|lost 0 of 3 (StartAt::Earliest); with StartAt::Latest the 3 are skipped and a later one is read, as asked|none|none declared"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -104,4 +107,7 @@ async fn g5_held_retry_after_waits_stop_fetching_at_max_in_flight() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(script.count(), 50, "fetching stopped at max_in_flight");
     app.stop().await;
+    println!(
+        "RELIABILITY|Pulsar|guard rail: 300 messages, every one retry_after(60 s) held in the service, max_in_flight(50): 50 held, the rest left to the client and broker|lost 0 (the held messages stay unacknowledged)|none|none declared"
+    );
 }

@@ -27,6 +27,16 @@ use std::sync::atomic::Ordering;
 /// After a subscription error, wait this long before fetching again.
 const ERROR_PAUSE: Duration = Duration::from_millis(200);
 
+/// Fetch errors in a row are logged at ERROR at most this often (the rest at DEBUG).
+const ERROR_LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// When a fetch error was last logged at ERROR, and how many were not since.
+#[derive(Default)]
+struct FetchErrors {
+    last: Option<Instant>,
+    quiet: u64,
+}
+
 /// What the driver and its lanes share.
 pub(crate) struct Shared<S> {
     pub(crate) service: S,
@@ -156,6 +166,7 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
         }
     });
     let mut at_bound = false;
+    let mut fetch_errors = FetchErrors::default();
     loop {
         let lane = pending.as_ref().map_or(0, |(lane, _)| *lane);
         // At the bound nothing more is fetched until deliveries settle (G5): running,
@@ -201,6 +212,10 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
             }
             next = subscription.next(), if pending.is_none() && room => match next {
                 Some(Ok((delivery, receipt))) => {
+                    if fetch_errors.last.is_some() {
+                        // Fetching works again: the next failure is news.
+                        fetch_errors = FetchErrors::default();
+                    }
                     shared.begin();
                     let lane = pick_lane(&delivery, &lanes, &mut round_robin);
                     // A lane with room takes it at once; a full one is waited for above.
@@ -209,7 +224,19 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
                     }
                 }
                 Some(Err(error)) => {
-                    tracing::error!(registration = &*shared.registration, %error, "fetching failed; trying again");
+                    // While a broker is down this repeats every pause: one ERROR, then
+                    // at most one a minute with how many were left out.
+                    let now = Instant::now();
+                    match fetch_errors.last {
+                        Some(at) if now.duration_since(at) < ERROR_LOG_EVERY => {
+                            fetch_errors.quiet += 1;
+                            tracing::debug!(registration = &*shared.registration, %error, "fetching failed; trying again");
+                        }
+                        _ => {
+                            tracing::error!(registration = &*shared.registration, %error, since_last_logged = fetch_errors.quiet, "fetching failed; trying again");
+                            fetch_errors = FetchErrors { last: Some(now), quiet: 0 };
+                        }
+                    }
                     tokio::time::sleep(ERROR_PAUSE).await;
                 }
                 None => {
