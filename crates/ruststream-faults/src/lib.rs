@@ -56,6 +56,28 @@ pub fn assert_waited(held: &[Line], done: &[Line], wait: Duration) {
     }
 }
 
+/// A broker binary the test command installed in `.brokers/bin` (a missing one fails
+/// the test, naming it).
+pub fn installed(name: &str) -> std::path::PathBuf {
+    let binary = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../.brokers/bin")
+        .join(name);
+    assert!(
+        binary.exists(),
+        "{} is missing: run the tests with scripts/test, which installs it",
+        binary.display()
+    );
+    binary
+}
+
+/// A port nothing listens on now (the system's pick), for a broker of a test's own.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free local port")
+        .port()
+}
+
 /// A name no other test (or earlier run) uses.
 pub fn unique(prefix: &str) -> String {
     format!("{prefix}-{}", ruststream_test_support::unique_suffix())

@@ -17,7 +17,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use ruststream::core::Publish;
 use ruststream::{Headers, Outgoing};
-use ruststream_faults::{HOLD, Report, Service, assert_waited, settle, soak, unique};
+use ruststream_faults::{
+    HOLD, Report, Service, assert_waited, free_port, installed, settle, soak, unique,
+};
 use ruststream_kafka::Kafka;
 use ruststream_kafka::rdkafka::mocking::MockCluster;
 use ruststream_nats::Nats;
@@ -27,26 +29,6 @@ use tokio::process::{Child, Command};
 
 const SERVICE: &str = env!("CARGO_BIN_EXE_fault-service");
 const PUBLISHERS: usize = 4;
-
-fn installed(name: &str) -> PathBuf {
-    let binary = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../.brokers/bin")
-        .join(name);
-    assert!(
-        binary.exists(),
-        "{} is missing: run the tests with scripts/test, which installs it",
-        binary.display()
-    );
-    binary
-}
-
-/// A port nothing listens on now (the system's pick), for a broker of this test's own.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free local port")
-        .port()
-}
 
 async fn wait_listening(port: u16, name: &str) {
     let deadline = Instant::now() + Duration::from_secs(20);

@@ -8,31 +8,12 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use ruststream::Headers;
-use ruststream_faults::{Service, unique};
+use ruststream_faults::{Service, free_port, installed, unique};
 use ruststream_nats::Nats;
 use ruststream_nats::async_nats::jetstream::{self, stream};
 use tokio::process::Command;
 
 const SERVICE: &str = env!("CARGO_BIN_EXE_fault-service");
-
-fn installed(name: &str) -> PathBuf {
-    let binary = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../.brokers/bin")
-        .join(name);
-    assert!(
-        binary.exists(),
-        "{} is missing: run the tests with scripts/test, which installs it",
-        binary.display()
-    );
-    binary
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free local port")
-        .port()
-}
 
 async fn stream_on(nats: &Nats, name: &str) {
     jetstream::new(nats.client().clone())

@@ -5,19 +5,9 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{Script, create_topic, eventually, handler, kafka, produce, unique};
+use common::{Script, create_topic, eventually, handler, kafka, produce, topic, unique};
 use ruststream::{App, HandlerOutcome, Headers, StartError, on};
-use ruststream_kafka::{Commit, Kafka, KafkaTopic, StartAt};
-
-fn topic(kafka: &Kafka, topic: &str, group: &str, commit: Commit) -> KafkaTopic {
-    kafka
-        .topic(topic)
-        .group(group)
-        .commit(commit)
-        .set("auto.commit.interval.ms", "100")
-        .set("session.timeout.ms", "6000")
-        .set("heartbeat.interval.ms", "500")
-}
+use ruststream_kafka::{Commit, Kafka, StartAt};
 
 /// Resident memory of this process, from /proc.
 fn rss_mb() -> f64 {

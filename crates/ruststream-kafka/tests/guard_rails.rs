@@ -10,21 +10,11 @@ use std::time::Duration;
 
 use common::{
     Script, brokers, committed, create_topic, eventually, handler, kafka, logs, produce,
-    read_topic, unique,
+    read_topic, topic, unique,
 };
 use ruststream::{App, HandlerOutcome, Headers, StartError, on};
-use ruststream_kafka::{Commit, Kafka, KafkaTopic};
+use ruststream_kafka::{Commit, Kafka};
 use ruststream_test_support::{cpu_share_over, reliability};
-
-fn topic(kafka: &Kafka, topic: &str, group: &str, commit: Commit) -> KafkaTopic {
-    kafka
-        .topic(topic)
-        .group(group)
-        .commit(commit)
-        .set("auto.commit.interval.ms", "100")
-        .set("session.timeout.ms", "6000")
-        .set("heartbeat.interval.ms", "500")
-}
 
 /// A service connection whose producer refuses records above 100 kB, as a broker's topic
 /// limit would: a 200 kB record can be read but not copied.

@@ -10,24 +10,14 @@ use std::time::Duration;
 
 use common::{
     Script, committed, committed_becomes, create_topic, eventually, handler, kafka, logs, produce,
-    read_topic, unique,
+    read_topic, topic, unique,
 };
 use ruststream::{App, HandlerOutcome, Headers, RETRY_COUNT_HEADER, Running, on};
-use ruststream_kafka::{Commit, Kafka, KafkaTopic, Offset};
+use ruststream_kafka::{Commit, Offset};
 use tokio::sync::Semaphore;
 
 /// A subscription with quick commits, and a short session so the broker forms the group
 /// quickly (tansu waits about half the session timeout for members to join).
-fn topic(kafka: &Kafka, topic: &str, group: &str, commit: Commit) -> KafkaTopic {
-    kafka
-        .topic(topic)
-        .group(group)
-        .commit(commit)
-        .set("auto.commit.interval.ms", "100")
-        .set("session.timeout.ms", "6000")
-        .set("heartbeat.interval.ms", "500")
-}
-
 async fn start(app: App) -> Running {
     app.start().await.expect("the app starts")
 }

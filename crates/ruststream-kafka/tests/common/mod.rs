@@ -235,3 +235,20 @@ pub async fn produce(
         .expect("produce");
     (landed.partition, landed.offset)
 }
+
+/// A subscription on `topic` as `group` with the settings the tests share: commits every
+/// 100 ms, and a session timeout short enough for tansu to form the group quickly.
+pub fn topic(
+    kafka: &Kafka,
+    topic: &str,
+    group: &str,
+    commit: ruststream_kafka::Commit,
+) -> ruststream_kafka::KafkaTopic {
+    kafka
+        .topic(topic)
+        .group(group)
+        .commit(commit)
+        .set("auto.commit.interval.ms", "100")
+        .set("session.timeout.ms", "6000")
+        .set("heartbeat.interval.ms", "500")
+}

@@ -187,6 +187,28 @@ fn reliability(bed: &impl Bed, tried: &str, lost: &str, duplicated: &str, dead: 
     );
 }
 
+/// Asserts the start was refused (E4) with each `(registration, rule)` among the
+/// violations, on `address`.
+fn assert_refused(
+    refused: Result<crate::Running, crate::StartError>,
+    address: &str,
+    expected: &[(&str, &str)],
+) {
+    let violations = match refused {
+        Err(crate::StartError::Invalid(violations)) => violations,
+        Err(other) => panic!("refused for another reason: {other}"),
+        Ok(_) => panic!("an app with broken registrations started"),
+    };
+    for (registration, rule) in expected {
+        assert!(
+            violations.iter().any(|v| v.registration == *registration
+                && v.address == address
+                && v.rule.contains(rule)),
+            "no violation of `{rule}` by `{registration}` on `{address}` in {violations:?}"
+        );
+    }
+}
+
 /// Prints a guard-rail `RELIABILITY|…` line.
 fn guard_rail(bed: &impl Bed, tried: &str, lost: &str, duplicated: &str, dead: &str) {
     println!(
@@ -808,25 +830,17 @@ pub async fn e4_broken_registrations_are_all_refused(bed: impl Bed) {
         )
         .start()
         .await;
-    let violations = match refused {
-        Err(crate::StartError::Invalid(violations)) => violations,
-        Err(other) => panic!("refused for another reason: {other}"),
-        Ok(_) => panic!("an app with broken registrations started"),
-    };
-    for (registration, rule) in [
-        ("no-attempts", "max_attempts must be at least 1"),
-        (
-            "dead-letters-to-itself",
-            "is read by this registration itself",
-        ),
-    ] {
-        assert!(
-            violations.iter().any(|v| v.registration == registration
-                && v.address == address
-                && v.rule.contains(rule)),
-            "no violation of `{rule}` by `{registration}` on `{address}` in {violations:?}"
-        );
-    }
+    assert_refused(
+        refused,
+        &address,
+        &[
+            ("no-attempts", "max_attempts must be at least 1"),
+            (
+                "dead-letters-to-itself",
+                "is read by this registration itself",
+            ),
+        ],
+    );
     assert_eq!(log.len(), 0, "no handler ran");
 }
 
@@ -862,27 +876,19 @@ pub async fn g4_unbounded_registrations_are_refused(bed: impl Bed) {
         )
         .start()
         .await;
-    let violations = match refused {
-        Err(crate::StartError::Invalid(violations)) => violations,
-        Err(other) => panic!("refused for another reason: {other}"),
-        Ok(_) => panic!("an app with unbounded registrations started"),
-    };
-    for (registration, rule) in [
-        ("uncapped", "without max_attempts"),
-        (
-            "reads-its-dead-letter",
-            "is read by this registration itself",
-        ),
-        ("too-many-lanes", "above the bound"),
-        ("no-time", "timeout must be longer than zero"),
-    ] {
-        assert!(
-            violations.iter().any(|v| v.registration == registration
-                && v.address == address
-                && v.rule.contains(rule)),
-            "no violation of `{rule}` by `{registration}` on `{address}` in {violations:?}"
-        );
-    }
+    assert_refused(
+        refused,
+        &address,
+        &[
+            ("uncapped", "without max_attempts"),
+            (
+                "reads-its-dead-letter",
+                "is read by this registration itself",
+            ),
+            ("too-many-lanes", "above the bound"),
+            ("no-time", "timeout must be longer than zero"),
+        ],
+    );
     assert_eq!(log.len(), 0, "no handler ran");
     guard_rail(
         &bed,

@@ -142,15 +142,7 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
     });
     // Finished work and lane room appear only while this task polls its lanes, which it
     // does first on every pass; these need no waker either.
-    let finished = || {
-        poll_fn(|_| {
-            if board.has_done() {
-                Poll::Ready(())
-            } else {
-                Poll::Pending
-            }
-        })
-    };
+    let finished = || finished(&board);
     let mut timers: JoinSet<Done<Sub::Receipt>> = JoinSet::new();
     let (timers_tx, timers_rx) = watch::channel(Timers::Waiting);
     let mut pending: Option<(usize, Job<Sub::Receipt>)> = None;
@@ -288,15 +280,7 @@ async fn drain_and_close<Sub: Subscription, S: Service>(
     timers_rx: watch::Receiver<Timers>,
     deadlines: Deadlines,
 ) {
-    let finished = || {
-        poll_fn(|_| {
-            if board.has_done() {
-                Poll::Ready(())
-            } else {
-                Poll::Pending
-            }
-        })
-    };
+    let finished = || finished(&board);
     let deadline = Instant::now() + deadlines.drain;
     if let Some((lane, job)) = pending.take() {
         // Fetched but not started: it runs too rather than being dropped.
@@ -345,6 +329,17 @@ async fn drain_and_close<Sub: Subscription, S: Service>(
             "closing the subscription timed out; left behind"
         );
     }
+}
+
+/// Ready once a lane has finished work on the board (no waker: see `drive`).
+fn finished<R>(board: &Board<R>) -> impl Future<Output = ()> + '_ {
+    poll_fn(|_| {
+        if board.has_done() {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    })
 }
 
 fn pick_lane(delivery: &Delivery, lanes: &Lanes, round_robin: &mut usize) -> usize {
