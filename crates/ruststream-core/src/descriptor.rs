@@ -93,6 +93,14 @@ pub trait Subscription: Send + 'static {
         0
     }
 
+    /// What the subscription must keep doing while the runtime fetches nothing (at
+    /// `max_in_flight`, SPEC G5): Kafka's exactly-once windows must still commit. The
+    /// future may return now and then; the runtime calls it again. Must be cancel safe.
+    /// Default: nothing (never returns).
+    fn idle(&mut self) -> impl Future<Output = ()> + Send {
+        std::future::pending()
+    }
+
     /// Stops fetching and closes the consumer. Deliveries not settled by now come back
     /// as the broker's rules say.
     fn close(self) -> impl Future<Output = ()> + Send;

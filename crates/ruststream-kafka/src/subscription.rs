@@ -314,6 +314,18 @@ impl Subscription for KafkaSubscription {
         }
     }
 
+    async fn idle(&mut self) {
+        // At the bound: an exactly-once window still commits on time (a transaction
+        // left open past `transaction.timeout.ms` would be aborted by the broker).
+        let (Some(window), Some(consumer)) = (&mut self.window, self.consumer.as_ref()) else {
+            return std::future::pending().await;
+        };
+        match window.tick(consumer, &self.book.moves).await {
+            Tick::Fetch(due) => tokio::time::sleep_until(due).await,
+            Tick::Fenced => std::future::pending().await,
+        }
+    }
+
     fn parked(&mut self, receipt: &KafkaReceipt) {
         if let Some(window) = &mut self.window {
             window.parked(receipt);

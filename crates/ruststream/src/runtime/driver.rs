@@ -177,6 +177,31 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
                 }
             );
         }
+        if !room && pending.is_none() {
+            // At the bound: nothing is fetched; the subscription only keeps up what it
+            // must (an EOS window's commit) while deliveries settle. A loop of its own, so
+            // the common path's select stays as it is.
+            tokio::select! {
+                biased;
+                () = &mut lanes_running => {
+                    tracing::error!(registration = &*shared.registration, "the lanes ended unexpectedly");
+                    break;
+                }
+                () = finished() => {
+                    while let Some(done) = board.pop_done() {
+                        apply(&mut subscription, &shared, done, &mut timers, &timers_rx).await;
+                    }
+                }
+                Some(joined) = timers.join_next(), if !timers.is_empty() => {
+                    if let Ok(done) = joined {
+                        apply(&mut subscription, &shared, done, &mut timers, &timers_rx).await;
+                    }
+                }
+                () = &mut stopped => break,
+                () = subscription.idle() => {}
+            }
+            continue;
+        }
         tokio::select! {
             biased;
             () = &mut lanes_running => {
