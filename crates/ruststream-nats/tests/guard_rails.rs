@@ -447,3 +447,54 @@ async fn g3_core_capped_retry_whose_copy_went_out_logs_no_warning() {
         .collect();
     assert!(noisy.is_empty(), "the designed path is quiet: {noisy:#?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn d3_the_keepalive_stops_at_the_deadline_so_a_blocking_handler_is_redelivered() {
+    let nats = nats().await;
+    let base = unique("D3BLOCK");
+    let subject = format!("{base}.in");
+    create_stream(&nats, &base, std::slice::from_ref(&subject)).await;
+    // Attempt 1 blocks its thread for 6 s: it cannot be cancelled at its 500 ms deadline.
+    // The keepalive stops telling the server it is in progress (three deadlines after
+    // hand-over at most), so the server redelivers after ack_wait (2 s) while it blocks.
+    let script = Script::new(|_| HandlerOutcome::ack());
+    let blocks_first = {
+        let script = Arc::clone(&script);
+        move |d: ruststream::Delivery| {
+            let script = Arc::clone(&script);
+            async move {
+                if d.attempt().number() == 1 {
+                    std::thread::sleep(Duration::from_secs(6));
+                }
+                handler(script)(d).await
+            }
+        }
+    };
+    let app = App::new()
+        .register(
+            on(
+                nats.consumer(&base, "worker")
+                    .filter_subject(&subject)
+                    .ack_wait(Duration::from_secs(2)),
+                blocks_first,
+            )
+            .timeout(Duration::from_millis(500)),
+        )
+        .start()
+        .await
+        .expect("start");
+    nats.publisher()
+        .jetstream(
+            &subject,
+            &Headers::new(),
+            Bytes::from_static(b"blocks"),
+            None,
+        )
+        .await
+        .expect("publish");
+    eventually(Duration::from_secs(30), "redelivered as attempt 2", || {
+        script.calls().iter().any(|c| c.attempt == 2)
+    })
+    .await;
+    app.stop().await;
+}
