@@ -56,8 +56,10 @@
 //! - A new group starts at the earliest record (`StartAt::Earliest`, the same default as
 //!   every transport; `.start_at(StartAt::Latest)` to skip the backlog). A subscription
 //!   whose cluster does not answer within `Kafka::connect_timeout` (10 s) fails the start,
-//!   naming the bootstrap servers. At `max_in_flight` the consumer is not polled: keep
-//!   `retry_after` delays below `max.poll.interval.ms`.
+//!   naming the bootstrap servers. At `max_in_flight` the assigned partitions are paused
+//!   (librdkafka drops what it had prefetched for them) and the consumer is still polled,
+//!   so the group keeps its member however long deliveries wait; fetching resumes from
+//!   the next record as deliveries settle.
 //!
 //! # What it cannot promise (measured in RELIABILITY.md)
 //!

@@ -1,11 +1,13 @@
 //! An open Kafka subscription: records in, positions stored (Tracked).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use rdkafka::TopicPartitionList;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::error::KafkaResult;
 use rdkafka::message::{BorrowedMessage, Headers as _, Message};
 use ruststream_core::{
     AckError, Attempt, Delivery, Headers, Metadata, Settle, SubscribeError, Subscription,
@@ -114,15 +116,32 @@ impl Book {
     }
 }
 
+type Consumer_ = Arc<StreamConsumer<TrackingContext>>;
+
+/// What one poll of the consumer gave.
+enum Polled<'c> {
+    Record(KafkaResult<BorrowedMessage<'c>>),
+    /// The exactly-once window's commit is due: tick it before polling again.
+    Due,
+    /// The exactly-once producer was fenced: this subscription is done.
+    Fenced,
+}
+
 /// An open subscription. Only its driver task uses it.
 pub struct KafkaSubscription {
-    consumer: Option<Arc<StreamConsumer<TrackingContext>>>,
+    consumer: Option<Consumer_>,
     book: Book,
     commit: Commit,
     topics: HashMap<String, Arc<str>>,
     address: Arc<str>,
     close_timeout: Duration,
     window: Option<Window>,
+    /// Partitions paused at `max_in_flight` (G5), resumed by the next fetch. Every one
+    /// ever paused is resumed: librdkafka keeps an application pause across a revoke and
+    /// a later assignment of the same partition.
+    paused: TopicPartitionList,
+    /// Records polled while paused (from partitions assigned since), handed out first.
+    early: VecDeque<(Delivery, KafkaReceipt)>,
 }
 
 impl std::fmt::Debug for KafkaSubscription {
@@ -151,6 +170,8 @@ impl KafkaSubscription {
             address: Arc::from(address),
             close_timeout,
             window,
+            paused: TopicPartitionList::new(),
+            early: VecDeque::new(),
         }
     }
 
@@ -226,6 +247,79 @@ impl KafkaSubscription {
             .map_err(|e| failed("seeking", e))
     }
 
+    /// Polls the consumer once, ticking the exactly-once window first.
+    async fn poll<'c>(&mut self, consumer: &'c Consumer_) -> Polled<'c> {
+        self.book.forget_moved_partitions();
+        let due = match &mut self.window {
+            Some(window) => match window.tick(consumer, &self.book.moves).await {
+                Tick::Fetch(due) => Some(due),
+                Tick::Fenced => return Polled::Fenced,
+            },
+            None => None,
+        };
+        let result = match due {
+            None => consumer.recv().await,
+            Some(due) => tokio::select! {
+                result = consumer.recv() => result,
+                () = tokio::time::sleep_until(due) => return Polled::Due,
+            },
+        };
+        self.book.forget_moved_partitions();
+        Polled::Record(result)
+    }
+
+    /// Makes a polled record a delivery and books it.
+    fn handed_over(
+        &mut self,
+        consumer: &Consumer_,
+        message: &BorrowedMessage<'_>,
+    ) -> (Delivery, KafkaReceipt) {
+        if self.commit == Commit::Auto
+            && let Err(e) = consumer.store_offset_from_message(message)
+        {
+            // As librdkafka's own automatic store would, at hand-over (K2).
+            tracing::warn!(address = &*self.address, error = %e, "storing the offset at hand-over failed");
+        }
+        let (delivery, receipt) = self.delivery(message);
+        if let Some(window) = &mut self.window {
+            window.handed_out(&receipt);
+        }
+        (delivery, receipt)
+    }
+
+    /// Pauses the assigned partitions not paused yet (G5).
+    fn pause(&mut self, consumer: &Consumer_) {
+        let Ok(assignment) = consumer.assignment() else {
+            return;
+        };
+        let mut fresh = TopicPartitionList::new();
+        for element in assignment.elements() {
+            let (topic, partition) = (element.topic(), element.partition());
+            if self.paused.find_partition(topic, partition).is_none() {
+                fresh.add_partition(topic, partition);
+                self.paused.add_partition(topic, partition);
+            }
+        }
+        if fresh.count() == 0 {
+            return;
+        }
+        match consumer.pause(&fresh) {
+            Ok(()) => tracing::debug!(address = &*self.address, partitions = fresh.count(), "max_in_flight reached; partitions paused"),
+            Err(e) => tracing::warn!(address = &*self.address, error = %e, "pausing partitions at max_in_flight failed"),
+        }
+    }
+
+    /// Resumes every partition paused at the bound.
+    fn resume(&mut self, consumer: &Consumer_) {
+        if self.paused.count() == 0 {
+            return;
+        }
+        let paused = std::mem::replace(&mut self.paused, TopicPartitionList::new());
+        if let Err(e) = consumer.resume(&paused) {
+            tracing::warn!(address = &*self.address, error = %e, "resuming partitions paused at max_in_flight failed");
+        }
+    }
+
     /// The stored position of a partition (`Commit::Tracked`), for tests and metrics.
     pub fn stored_position(&self, topic: &str, partition: i32) -> Option<i64> {
         self.book.stored(topic, partition)
@@ -237,38 +331,16 @@ impl Subscription for KafkaSubscription {
 
     async fn next(&mut self) -> Option<Result<(Delivery, KafkaReceipt), SubscribeError>> {
         let consumer = Arc::clone(self.consumer.as_ref()?);
+        if let Some(early) = self.early.pop_front() {
+            return Some(Ok(early));
+        }
+        self.resume(&consumer);
         loop {
-            self.book.forget_moved_partitions();
-            let due = match &mut self.window {
-                Some(window) => match window.tick(&consumer, &self.book.moves).await {
-                    Tick::Fetch(due) => Some(due),
-                    Tick::Fenced => return None,
-                },
-                None => None,
-            };
-            let result = match due {
-                None => consumer.recv().await,
-                Some(due) => tokio::select! {
-                    result = consumer.recv() => result,
-                    () = tokio::time::sleep_until(due) => continue,
-                },
-            };
-            self.book.forget_moved_partitions();
-            return match result {
-                Ok(message) => {
-                    if self.commit == Commit::Auto
-                        && let Err(e) = consumer.store_offset_from_message(&message)
-                    {
-                        // As librdkafka's own automatic store would, at hand-over (K2).
-                        tracing::warn!(address = &*self.address, error = %e, "storing the offset at hand-over failed");
-                    }
-                    let (delivery, receipt) = self.delivery(&message);
-                    if let Some(window) = &mut self.window {
-                        window.handed_out(&receipt);
-                    }
-                    Some(Ok((delivery, receipt)))
-                }
-                Err(e) => Some(Err(SubscribeError::new(&*self.address, e))),
+            return match self.poll(&consumer).await {
+                Polled::Record(Ok(message)) => Some(Ok(self.handed_over(&consumer, &message))),
+                Polled::Record(Err(e)) => Some(Err(SubscribeError::new(&*self.address, e))),
+                Polled::Due => continue,
+                Polled::Fenced => None,
             };
         }
     }
@@ -315,14 +387,26 @@ impl Subscription for KafkaSubscription {
     }
 
     async fn idle(&mut self) {
-        // At the bound: an exactly-once window still commits on time (a transaction
-        // left open past `transaction.timeout.ms` would be aborted by the broker).
-        let (Some(window), Some(consumer)) = (&mut self.window, self.consumer.as_ref()) else {
+        // At the bound (G5) the assigned partitions are paused and the consumer still
+        // polled: it keeps its group membership (`max.poll.interval.ms`), an exactly-once
+        // window still commits on time, and a paused partition gives nothing (librdkafka
+        // drops what it had fetched and resumes from the next record handed out).
+        let Some(consumer) = self.consumer.clone() else {
             return std::future::pending().await;
         };
-        match window.tick(consumer, &self.book.moves).await {
-            Tick::Fetch(due) => tokio::time::sleep_until(due).await,
-            Tick::Fenced => std::future::pending().await,
+        self.pause(&consumer);
+        match self.poll(&consumer).await {
+            Polled::Record(Ok(message)) => {
+                // From a partition assigned since the last pause; it is paused next round.
+                let early = self.handed_over(&consumer, &message);
+                self.early.push_back(early);
+            }
+            Polled::Record(Err(e)) => {
+                tracing::debug!(address = &*self.address, error = %e, "polling at max_in_flight failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Polled::Due => {}
+            Polled::Fenced => std::future::pending().await,
         }
     }
 

@@ -70,6 +70,53 @@ async fn g5_fifty_thousand_parked_retry_afters_stop_at_max_in_flight() {
     );
 }
 
+/// At the bound the partitions are paused and the consumer still polled: with every
+/// record waiting past `max.poll.interval.ms`, the group keeps its member (leaving it would
+/// revoke the partition and read the originals again from the committed offset).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g5_at_max_in_flight_the_partitions_pause_and_the_group_is_kept() {
+    let kafka = kafka().await;
+    let (t, group) = (unique("g5pause"), unique("g"));
+    create_topic(&t, 1).await;
+    let records = 10;
+    for n in 0..records {
+        produce(&kafka, &t, None, format!("r{n}").as_bytes(), &Headers::new()).await;
+    }
+    let script = Script::new(|delivery| {
+        if delivery.attempt().number() == 1 {
+            HandlerOutcome::retry_after(Duration::from_secs(8))
+        } else {
+            HandlerOutcome::ack()
+        }
+    });
+    let app = App::new()
+        .register(
+            on(
+                topic(&kafka, &t, &group, Commit::Tracked).set("max.poll.interval.ms", "6000"),
+                handler(Arc::clone(&script)),
+            )
+            .max_attempts(3)
+            .max_in_flight(4),
+        )
+        .start()
+        .await
+        .expect("start");
+    eventually(Duration::from_secs(90), "every copy handled", || {
+        script.calls().iter().filter(|c| c.attempt == 2).count() >= records
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let calls = script.calls();
+    let first = calls.iter().filter(|c| c.attempt == 1).count();
+    let second = calls.iter().filter(|c| c.attempt == 2).count();
+    app.stop().await;
+    assert_eq!(
+        (first, second),
+        (records, records),
+        "each original read once, each copy once: the group never lost its member"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn g8_a_new_group_reads_from_the_earliest_record_by_default() {
     let kafka = kafka().await;
