@@ -41,6 +41,7 @@ mod outcome;
 pub mod plan;
 mod publish;
 mod start;
+mod wait;
 
 pub use capabilities::{Capabilities, DeadLetters, DelayedRedelivery, Verb};
 pub use declaration::Declaration;
@@ -52,3 +53,4 @@ pub use outcome::{HandlerOutcome, OutcomeKind};
 pub use plan::{Copy, CopyTarget, Plan, Settle, Verdict, may_copy, plan};
 pub use publish::{BoxFuture, Outgoing, Publish};
 pub use start::StartAt;
+pub use wait::{ATTEMPT_EVERY, wait_for_broker};

@@ -97,6 +97,21 @@ impl Source {
     /// logs errors for ever (SPEC G7).
     async fn reachable(&self) -> Result<(), SubscribeError> {
         let timeout = self.kafka.connect_timeout_value();
+        let Some(warn_every) = self.kafka.wait_for_cluster_value() else {
+            return self.answers_within(timeout).await;
+        };
+        ruststream_core::wait_for_broker(
+            "Kafka",
+            self.kafka.brokers(),
+            warn_every,
+            |_: &SubscribeError| true,
+            || self.answers_within(timeout.min(warn_every)),
+            tokio::time::sleep,
+        )
+        .await
+    }
+
+    async fn answers_within(&self, timeout: Duration) -> Result<(), SubscribeError> {
         let brokers = self.kafka.brokers().to_owned();
         let mut config = ClientConfig::new();
         config.set("bootstrap.servers", &brokers);

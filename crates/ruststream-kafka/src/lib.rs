@@ -56,7 +56,8 @@
 //! - A new group starts at the earliest record (`StartAt::Earliest`, the same default as
 //!   every transport; `.start_at(StartAt::Latest)` to skip the backlog). A subscription
 //!   whose cluster does not answer within `Kafka::connect_timeout` (10 s) fails the start,
-//!   naming the bootstrap servers. At `max_in_flight` the assigned partitions are paused
+//!   naming the bootstrap servers (`Kafka::wait_for_cluster` waits for it instead, one
+//!   WARN per interval). At `max_in_flight` the assigned partitions are paused
 //!   (librdkafka drops what it had prefetched for them) and the consumer is still polled,
 //!   so the group keeps its member however long deliveries wait; fetching resumes from
 //!   the next record as deliveries settle.
@@ -104,6 +105,7 @@ pub struct Kafka {
     settings: Arc<BTreeMap<String, String>>,
     producer: Arc<FutureProducer>,
     connect_timeout: std::time::Duration,
+    wait_for_cluster: Option<std::time::Duration>,
 }
 
 /// How long a subscription waits at start for the cluster to answer, unless set (SPEC G7).
@@ -152,6 +154,7 @@ impl Kafka {
             settings: Arc::new(settings),
             producer: Arc::new(producer),
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            wait_for_cluster: None,
         })
     }
 
@@ -161,6 +164,19 @@ impl Kafka {
     pub fn connect_timeout(mut self, timeout: std::time::Duration) -> Self {
         self.connect_timeout = timeout;
         self
+    }
+
+    /// Waits at start for a cluster that does not answer instead of failing (SPEC G7,
+    /// opt-in): each subscription asks again once a second and logs one WARN per
+    /// `warn_every` naming the bootstrap servers and the time waited; the app's start
+    /// returns once every subscription's cluster answered.
+    pub fn wait_for_cluster(mut self, warn_every: std::time::Duration) -> Self {
+        self.wait_for_cluster = Some(warn_every);
+        self
+    }
+
+    pub(crate) fn wait_for_cluster_value(&self) -> Option<std::time::Duration> {
+        self.wait_for_cluster
     }
 
     pub(crate) fn connect_timeout_value(&self) -> std::time::Duration {

@@ -304,8 +304,14 @@ impl KafkaSubscription {
             return;
         }
         match consumer.pause(&fresh) {
-            Ok(()) => tracing::debug!(address = &*self.address, partitions = fresh.count(), "max_in_flight reached; partitions paused"),
-            Err(e) => tracing::warn!(address = &*self.address, error = %e, "pausing partitions at max_in_flight failed"),
+            Ok(()) => tracing::debug!(
+                address = &*self.address,
+                partitions = fresh.count(),
+                "max_in_flight reached; partitions paused"
+            ),
+            Err(e) => {
+                tracing::warn!(address = &*self.address, error = %e, "pausing partitions at max_in_flight failed")
+            }
         }
     }
 

@@ -5,7 +5,10 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{Script, create_topic, eventually, handler, kafka, produce, topic, unique};
+use common::{
+    Script, brokers, create_topic, eventually, forward_later, handler, kafka, logs, produce, topic,
+    unique,
+};
 use ruststream::{App, HandlerOutcome, Headers, StartError, on};
 use ruststream_kafka::{Commit, Kafka, StartAt};
 
@@ -80,7 +83,14 @@ async fn g5_at_max_in_flight_the_partitions_pause_and_the_group_is_kept() {
     create_topic(&t, 1).await;
     let records = 10;
     for n in 0..records {
-        produce(&kafka, &t, None, format!("r{n}").as_bytes(), &Headers::new()).await;
+        produce(
+            &kafka,
+            &t,
+            None,
+            format!("r{n}").as_bytes(),
+            &Headers::new(),
+        )
+        .await;
     }
     let script = Script::new(|delivery| {
         if delivery.attempt().number() == 1 {
@@ -262,4 +272,58 @@ async fn g5_transactional_windows_still_commit_while_at_max_in_flight() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     app.stop().await;
+}
+
+/// The WARN lines of a waiting start, and the INFO once through.
+fn waited(address: &str) -> (usize, bool) {
+    let logs = logs();
+    let warnings = logs
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("waiting for it") && l.contains(address))
+        .count();
+    (warnings, logs.contains("the broker answers; starting"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g7_a_waiting_start_warns_once_per_interval_and_starts_when_the_cluster_comes() {
+    let kafka = kafka().await;
+    let t = unique("g7wait");
+    create_topic(&t, 1).await;
+    produce(&kafka, &t, None, b"before the wait", &Headers::new()).await;
+    let late = forward_later(brokers(), Duration::from_secs(5)).await;
+    let address = late.to_string();
+    let waiting = Kafka::connect(&address)
+        .expect("a client")
+        .wait_for_cluster(Duration::from_secs(2));
+    let script = Script::new(|_| HandlerOutcome::ack());
+    let started = Instant::now();
+    let app = App::new()
+        .register(on(
+            topic(&waiting, &t, &unique("g"), Commit::Tracked),
+            handler(Arc::clone(&script)),
+        ))
+        .start()
+        .await
+        .expect("started once the cluster answers");
+    let took = started.elapsed();
+    eventually(Duration::from_secs(30), "the record", || {
+        script.count() == 1
+    })
+    .await;
+    app.stop().await;
+    let (warnings, through) = waited(&address);
+    assert!(
+        took >= Duration::from_secs(5),
+        "started after {took:?}, before the cluster listened"
+    );
+    assert!(
+        (1..=4).contains(&warnings),
+        "one WARN per 2 s over 5 s, got {warnings}:\n{}",
+        logs()
+    );
+    assert!(through, "an INFO once through");
+    println!(
+        "RELIABILITY|Kafka (every commit mode)|guard rail: Kafka::wait_for_cluster(warn every 2 s), cluster answering only after 5 s: started after {:.1} s with {warnings} WARN line(s) naming the address, then the record handled|none|none|none",
+        took.as_secs_f64()
+    );
 }

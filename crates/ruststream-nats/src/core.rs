@@ -9,6 +9,7 @@ use ruststream_core::{
     SubscribeError, Subscription,
 };
 
+use crate::drops::{SlowConsumers, sid_of};
 use crate::headers::from_nats;
 use crate::publish::NatsPublisher;
 use crate::subject;
@@ -20,6 +21,7 @@ pub struct CoreSubject {
     client: Client,
     subject: String,
     queue_group: Option<String>,
+    drops: Arc<SlowConsumers>,
 }
 
 /// A Core subject pattern with `*` or `>`, optionally in a queue group. It matches many
@@ -30,14 +32,16 @@ pub struct CoreWildcard {
     client: Client,
     pattern: String,
     queue_group: Option<String>,
+    drops: Arc<SlowConsumers>,
 }
 
 impl CoreSubject {
-    pub(crate) fn new(client: Client, subject: String) -> Self {
+    pub(crate) fn new(client: Client, subject: String, drops: Arc<SlowConsumers>) -> Self {
         Self {
             client,
             subject,
             queue_group: None,
+            drops,
         }
     }
 
@@ -49,11 +53,12 @@ impl CoreSubject {
 }
 
 impl CoreWildcard {
-    pub(crate) fn new(client: Client, pattern: String) -> Self {
+    pub(crate) fn new(client: Client, pattern: String, drops: Arc<SlowConsumers>) -> Self {
         Self {
             client,
             pattern,
             queue_group: None,
+            drops,
         }
     }
 
@@ -84,6 +89,7 @@ async fn subscribe(
     client: &Client,
     subject: &str,
     queue_group: Option<&str>,
+    drops: Arc<SlowConsumers>,
 ) -> Result<CoreSubscription, SubscribeError> {
     let subscriber = match queue_group {
         Some(group) => {
@@ -94,9 +100,14 @@ async fn subscribe(
         None => client.subscribe(subject.to_owned()).await,
     }
     .map_err(|e| SubscribeError::new(subject, e))?;
+    let sid = sid_of(&subscriber);
+    if let Some(sid) = sid {
+        drops.register(sid, subject);
+    }
     Ok(CoreSubscription {
         subscriber,
         last_subject: Arc::from(""),
+        drops: sid.map(|sid| (sid, drops)),
     })
 }
 
@@ -128,7 +139,13 @@ impl Descriptor for CoreSubject {
     }
 
     async fn open(self, _declaration: &Declaration) -> Result<CoreSubscription, SubscribeError> {
-        subscribe(&self.client, &self.subject, self.queue_group.as_deref()).await
+        subscribe(
+            &self.client,
+            &self.subject,
+            self.queue_group.as_deref(),
+            self.drops,
+        )
+        .await
     }
 }
 
@@ -164,7 +181,13 @@ impl Descriptor for CoreWildcard {
     }
 
     async fn open(self, _declaration: &Declaration) -> Result<CoreSubscription, SubscribeError> {
-        subscribe(&self.client, &self.pattern, self.queue_group.as_deref()).await
+        subscribe(
+            &self.client,
+            &self.pattern,
+            self.queue_group.as_deref(),
+            self.drops,
+        )
+        .await
     }
 }
 
@@ -174,6 +197,8 @@ pub struct CoreSubscription {
     subscriber: Subscriber,
     /// The subject of the last message, shared by the deliveries that follow on it.
     last_subject: Arc<str>,
+    /// Its sid, registered with the connection's slow-consumer counts.
+    drops: Option<(u64, Arc<SlowConsumers>)>,
 }
 
 impl Subscription for CoreSubscription {
@@ -206,6 +231,9 @@ impl Subscription for CoreSubscription {
     }
 
     async fn close(mut self) {
+        if let Some((sid, drops)) = &self.drops {
+            drops.unregister(*sid);
+        }
         if let Err(e) = self.subscriber.unsubscribe().await {
             tracing::debug!(error = %e, "unsubscribe on close failed");
         }

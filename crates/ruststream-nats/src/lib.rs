@@ -64,8 +64,10 @@
 //!
 //! - A new durable consumer reads the stream from its start (`StartAt::Earliest`, the same
 //!   default as every transport); `.start_at(StartAt::Latest)` or `StartAt::Time(t)` choose
-//!   otherwise. `Nats::connect` fails after at most 10 s with the address named; Core
-//!   slow-consumer drops are counted (`Nats::slow_consumer_drops`) and logged at WARN.
+//!   otherwise. `Nats::connect` fails after at most 10 s with the address named
+//!   (`Nats::connect_waiting` waits for the server instead, one WARN per interval); Core
+//!   slow-consumer drops are counted per subject (`Nats::slow_consumer_drops_on`) and
+//!   logged at WARN naming the subject.
 //!
 //! # What it cannot promise (measured in RELIABILITY.md)
 //!
@@ -83,6 +85,7 @@
 //!   than going out on Core NATS, so the original stays unsettled and comes back.
 
 mod core;
+mod drops;
 mod headers;
 mod jetstream;
 mod publish;
@@ -92,6 +95,7 @@ use std::sync::Arc;
 
 pub use async_nats;
 pub use core::{CoreSubject, CoreSubscription, CoreWildcard};
+use drops::SlowConsumers;
 pub use jetstream::{
     CAPABILITIES as JETSTREAM_CAPABILITIES, DEFAULT_ACK_WAIT, JetStreamConsumer,
     JetStreamSubscription,
@@ -104,42 +108,11 @@ pub use ruststream_core::StartAt;
 #[derive(Clone, Debug)]
 pub struct Nats {
     client: async_nats::Client,
-    drops: Arc<SlowConsumer>,
+    drops: Arc<SlowConsumers>,
 }
 
 /// How long [`Nats::connect`] waits for the server (SPEC G7).
 pub const DEFAULT_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// Core NATS messages the client dropped because a subscription's buffer was full (a
-/// slow consumer), as the client reported them (SPEC G7).
-#[derive(Debug, Default)]
-struct SlowConsumer {
-    events: std::sync::atomic::AtomicU64,
-    warned: std::sync::Mutex<Option<std::time::Instant>>,
-}
-
-/// At most one slow-consumer warning per this interval.
-const SLOW_CONSUMER_WARN_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
-
-impl SlowConsumer {
-    fn record(&self, sid: u64) {
-        use std::sync::atomic::Ordering;
-        let total = self.events.fetch_add(1, Ordering::Relaxed) + 1;
-        let now = std::time::Instant::now();
-        let mut warned = self
-            .warned
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if warned.is_none_or(|at| now.duration_since(at) >= SLOW_CONSUMER_WARN_EVERY) {
-            *warned = Some(now);
-            tracing::warn!(
-                subscription = sid,
-                dropped_so_far = total,
-                "Core NATS slow consumer: the client's buffer for a subscription is full and it drops messages (at-most-once); add lanes or make handlers faster"
-            );
-        }
-    }
-}
 
 /// The connection could not be made.
 #[derive(Debug, thiserror::Error)]
@@ -149,6 +122,14 @@ pub struct ConnectError {
     pub url: String,
     /// What the client said.
     pub detail: String,
+    unreachable: bool,
+}
+
+impl ConnectError {
+    /// The server did not answer (waiting may help), rather than refusing the client.
+    pub fn is_unreachable(&self) -> bool {
+        self.unreachable
+    }
 }
 
 impl Nats {
@@ -161,13 +142,43 @@ impl Nats {
         Self::connect_with(url, options).await
     }
 
+    /// Like [`Nats::connect`], but a server that does not answer is waited for (SPEC G7,
+    /// opt-in): one WARN per `warn_every` names the address and the time waited, and
+    /// attempts go on once a second until the server answers. Errors waiting cannot fix
+    /// (a malformed URL, refused credentials, TLS) are returned at once.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), ruststream_nats::ConnectError> {
+    /// use std::time::Duration;
+    /// let nats = ruststream_nats::Nats::connect_waiting("nats://127.0.0.1:4222", Duration::from_secs(30)).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect_waiting(
+        url: &str,
+        warn_every: std::time::Duration,
+    ) -> Result<Self, ConnectError> {
+        ruststream_core::wait_for_broker(
+            "NATS",
+            url,
+            warn_every,
+            ConnectError::is_unreachable,
+            || {
+                let options = async_nats::ConnectOptions::new()
+                    .connection_timeout(warn_every.min(DEFAULT_CONNECT_TIMEOUT));
+                Self::connect_with(url, options)
+            },
+            tokio::time::sleep,
+        )
+        .await
+    }
+
     /// Like [`Nats::connect`], with the client's options (credentials, TLS, timeouts);
     /// ruststream adds its slow-consumer counting.
     pub async fn connect_with(
         url: &str,
         options: async_nats::ConnectOptions,
     ) -> Result<Self, ConnectError> {
-        let drops = Arc::new(SlowConsumer::default());
+        let drops = Arc::new(SlowConsumers::default());
         let counted = Arc::clone(&drops);
         let client = options
             .event_callback(move |event| {
@@ -180,9 +191,13 @@ impl Nats {
             })
             .connect(url)
             .await
-            .map_err(|e| ConnectError {
-                url: url.to_owned(),
-                detail: e.to_string(),
+            .map_err(|e| {
+                use async_nats::ConnectErrorKind as Kind;
+                ConnectError {
+                    url: url.to_owned(),
+                    detail: e.to_string(),
+                    unreachable: matches!(e.kind(), Kind::TimedOut | Kind::Io | Kind::Dns),
+                }
             })?;
         Ok(Self { client, drops })
     }
@@ -199,7 +214,13 @@ impl Nats {
     /// How many slow-consumer drops the client reported on this connection so far (a
     /// lower bound: the client reports them through a bounded channel).
     pub fn slow_consumer_drops(&self) -> u64 {
-        self.drops.events.load(std::sync::atomic::Ordering::Relaxed)
+        self.drops.total()
+    }
+
+    /// Like [`Nats::slow_consumer_drops`], for the Core subscriptions of one registration's
+    /// subject (or pattern) on this connection.
+    pub fn slow_consumer_drops_on(&self, subject: &str) -> u64 {
+        self.drops.on(subject)
     }
 
     /// The underlying client.
@@ -209,12 +230,12 @@ impl Nats {
 
     /// A Core subscription on one subject.
     pub fn subject(&self, subject: impl Into<String>) -> CoreSubject {
-        CoreSubject::new(self.client.clone(), subject.into())
+        CoreSubject::new(self.client.clone(), subject.into(), Arc::clone(&self.drops))
     }
 
     /// A Core subscription on a pattern with `*` or `>`.
     pub fn wildcard(&self, pattern: impl Into<String>) -> CoreWildcard {
-        CoreWildcard::new(self.client.clone(), pattern.into())
+        CoreWildcard::new(self.client.clone(), pattern.into(), Arc::clone(&self.drops))
     }
 
     /// A JetStream subscription: durable pull consumer `consumer` on `stream`.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{Script, create_stream, eventually, handler, logs, nats, unique};
+use common::{Script, create_stream, eventually, forward_later, handler, logs, nats, unique};
 use ruststream::{App, HandlerOutcome, Headers, on};
 use ruststream_nats::{Nats, StartAt};
 
@@ -106,12 +106,81 @@ async fn g7_core_slow_consumer_drops_are_counted_and_reported() {
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let dropped = service.slow_consumer_drops();
+    let on_subject = service.slow_consumer_drops_on(&subject);
     app.stop().await;
+    let warning = logs()
+        .lines()
+        .find(|l| l.contains("Core NATS slow consumer"))
+        .map(str::to_owned)
+        .expect("reported at WARN");
     assert!(
-        logs().contains("Core NATS slow consumer"),
-        "reported at WARN"
+        warning.contains(&subject),
+        "the WARN names the subject: {warning}"
+    );
+    assert_eq!(
+        on_subject, dropped,
+        "every drop counted on the registration's subject"
     );
     println!(
-        "RELIABILITY|NATS Core|guard rail: {sent} messages published at once to a 1 ms handler: the client's buffer overflows|at least {dropped} reported dropped (counted from the client's slow-consumer events, WARN at most every 10 s)|none|none declared"
+        "RELIABILITY|NATS Core|guard rail: {sent} messages published at once to a 1 ms handler: the client's buffer overflows|at least {dropped} reported dropped on the subject (counted from the client's slow-consumer events, WARN naming the subject at most every 10 s)|none|none declared"
+    );
+}
+
+/// The WARN lines of a waiting start, and the INFO once through.
+fn waited(address: &str) -> (usize, bool) {
+    let logs = logs();
+    let warnings = logs
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("waiting for it") && l.contains(address))
+        .count();
+    (warnings, logs.contains("the broker answers; starting"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g7_a_waiting_start_warns_once_per_interval_and_connects_when_the_server_comes() {
+    let _ = nats().await; // captures logs
+    let url = std::env::var("RUSTSTREAM_NATS_URL").expect("RUSTSTREAM_NATS_URL");
+    let late = forward_later(
+        url.trim_start_matches("nats://").to_owned(),
+        Duration::from_secs(5),
+    )
+    .await;
+    let address = format!("nats://{late}");
+    let started = Instant::now();
+    let nats = Nats::connect_waiting(&address, Duration::from_secs(2))
+        .await
+        .expect("connected once the server listens");
+    let took = started.elapsed();
+    let subject = unique("g7wait");
+    let script = Script::new(|_| HandlerOutcome::ack());
+    let app = App::new()
+        .register(on(nats.subject(&subject), handler(Arc::clone(&script))))
+        .start()
+        .await
+        .expect("start");
+    nats.client().flush().await.expect("flush");
+    nats.client()
+        .publish(subject, Bytes::from_static(b"after the wait"))
+        .await
+        .expect("publish");
+    eventually(Duration::from_secs(10), "the message", || {
+        script.count() == 1
+    })
+    .await;
+    app.stop().await;
+    let (warnings, through) = waited(&address);
+    assert!(
+        took >= Duration::from_secs(5),
+        "connected after {took:?}, before the server listened"
+    );
+    assert!(
+        (1..=4).contains(&warnings),
+        "one WARN per 2 s over 5 s, got {warnings}:\n{}",
+        logs()
+    );
+    assert!(through, "an INFO once through");
+    println!(
+        "RELIABILITY|NATS Core and JetStream|guard rail: Nats::connect_waiting(warn every 2 s), server listening only after 5 s: connected after {:.1} s with {warnings} WARN line(s) naming the address, then a message handled|none|none|none",
+        took.as_secs_f64()
     );
 }

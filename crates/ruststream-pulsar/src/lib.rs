@@ -60,7 +60,8 @@
 //! - A new subscription starts at the earliest message (`StartAt::Earliest`, the same
 //!   default as every transport, where the client's own default is the latest);
 //!   `.start_at(StartAt::Latest)` skips the backlog. `Pulsar::connect` fails after 10 s
-//!   with the address named. Held `retry_after` waits count toward `max_in_flight`.
+//!   with the address named (`Pulsar::connect_waiting` waits for the broker instead, one
+//!   WARN per interval). Held `retry_after` waits count toward `max_in_flight`.
 //!
 //! # What it cannot promise (measured in RELIABILITY.md)
 //!
@@ -136,6 +137,24 @@ impl Pulsar {
             .map_err(|_| fail(format!("no answer within {timeout:?}")))?
             .map_err(|e| fail(e.to_string()))?;
         Ok(Self::from_client(client))
+    }
+
+    /// Like [`Pulsar::connect`], but a broker that does not answer is waited for (SPEC G7,
+    /// opt-in): one WARN per `warn_every` names the address and the time waited, and
+    /// attempts go on (each within `warn_every`, at most 10 s) until the broker answers.
+    pub async fn connect_waiting(
+        url: &str,
+        warn_every: std::time::Duration,
+    ) -> Result<Self, ConnectError> {
+        ruststream_core::wait_for_broker(
+            "Pulsar",
+            url,
+            warn_every,
+            |_: &ConnectError| true,
+            || Self::connect_within(url, warn_every.min(DEFAULT_CONNECT_TIMEOUT)),
+            tokio::time::sleep,
+        )
+        .await
     }
 
     /// Wraps a client configured by the caller.

@@ -5,7 +5,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{Script, eventually, handler, pulsar, unique};
+use common::{Script, eventually, handler, logs, pulsar, relay, unique};
 use ruststream::{App, HandlerOutcome, Headers, on};
 use ruststream_pulsar::{Pulsar, StartAt};
 
@@ -109,5 +109,63 @@ async fn g5_held_retry_after_waits_stop_fetching_at_max_in_flight() {
     app.stop().await;
     println!(
         "RELIABILITY|Pulsar|guard rail: 300 messages, every one retry_after(60 s) held in the service, max_in_flight(50): 50 held, the rest left to the client and broker|lost 0 (the held messages stay unacknowledged)|none|none declared"
+    );
+}
+
+/// The WARN lines of a waiting start, and the INFO once through.
+fn waited(address: &str) -> (usize, bool) {
+    let logs = logs();
+    let warnings = logs
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("waiting for it") && l.contains(address))
+        .count();
+    (warnings, logs.contains("the broker answers; starting"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g7_a_waiting_start_warns_once_per_interval_and_connects_when_the_broker_comes() {
+    let _ = pulsar().await; // captures logs
+    let broker = std::env::var("RUSTSTREAM_PULSAR_ADDR").expect("RUSTSTREAM_PULSAR_ADDR");
+    let late = relay::start_later(broker, Duration::from_secs(5)).await;
+    let address = format!("pulsar://{late}");
+    let started = Instant::now();
+    let pulsar = Pulsar::connect_waiting(&address, Duration::from_secs(2))
+        .await
+        .expect("connected once the broker listens");
+    let took = started.elapsed();
+    let topic = unique("g7wait");
+    let script = Script::new(|_| HandlerOutcome::ack());
+    let app = App::new()
+        .register(on(
+            pulsar.topic(&topic).subscription(unique("s")),
+            handler(Arc::clone(&script)),
+        ))
+        .start()
+        .await
+        .expect("start");
+    pulsar
+        .publisher()
+        .send(&topic, None, &Headers::new(), b"after the wait".to_vec())
+        .await
+        .expect("publish");
+    eventually(Duration::from_secs(20), "the message", || {
+        script.count() == 1
+    })
+    .await;
+    app.stop().await;
+    let (warnings, through) = waited(&address);
+    assert!(
+        took >= Duration::from_secs(5),
+        "connected after {took:?}, before the broker listened"
+    );
+    assert!(
+        (1..=4).contains(&warnings),
+        "one WARN per 2 s over 5 s, got {warnings}:\n{}",
+        logs()
+    );
+    assert!(through, "an INFO once through");
+    println!(
+        "RELIABILITY|Pulsar|guard rail: Pulsar::connect_waiting(warn every 2 s), broker listening only after 5 s: connected after {:.1} s with {warnings} WARN line(s) naming the address, then a message handled|none|none|none",
+        took.as_secs_f64()
     );
 }

@@ -187,6 +187,32 @@ pub fn capture_logs(filter: &str) {
         .try_init();
 }
 
+/// A plain TCP forwarder to `to` (`host:port`) on a free local port, listening only once
+/// `after` passed (a broker that comes up late). Returns its address.
+pub async fn forward_later(to: String, after: Duration) -> std::net::SocketAddr {
+    use tokio::net::{TcpListener, TcpStream};
+    let address = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind")
+        .local_addr()
+        .expect("address");
+    tokio::spawn(async move {
+        tokio::time::sleep(after).await;
+        let listener = TcpListener::bind(address)
+            .await
+            .expect("bind the late forwarder");
+        while let Ok((mut client, _)) = listener.accept().await {
+            let to = to.clone();
+            tokio::spawn(async move {
+                if let Ok(mut upstream) = TcpStream::connect(&to).await {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+                }
+            });
+        }
+    });
+    address
+}
+
 /// CPU time this process has used so far (user and system), from `/proc/self/stat`.
 pub fn cpu_time() -> Duration {
     let stat = std::fs::read_to_string("/proc/self/stat").expect("reading /proc/self/stat");

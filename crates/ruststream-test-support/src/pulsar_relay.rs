@@ -30,6 +30,27 @@ const MAGIC: [u8; 2] = [0x0e, 0x01];
 /// long as the broker's; returns its address.
 pub async fn start(broker: String) -> SocketAddr {
     let listener = bind_like(&broker).await;
+    serve(listener, broker)
+}
+
+/// Like [`start`], but nothing listens on the returned address until `after` passed (a
+/// broker that comes up late).
+pub async fn start_later(broker: String, after: std::time::Duration) -> SocketAddr {
+    let address = bind_like(&broker)
+        .await
+        .local_addr()
+        .expect("relay address");
+    tokio::spawn(async move {
+        tokio::time::sleep(after).await;
+        let listener = TcpListener::bind(address)
+            .await
+            .expect("bind the late relay");
+        serve(listener, broker);
+    });
+    address
+}
+
+fn serve(listener: TcpListener, broker: String) -> SocketAddr {
     let address = listener.local_addr().expect("relay address");
     let from = format!("pulsar://{broker}").into_bytes();
     let to = format!("pulsar://{address}").into_bytes();

@@ -1,0 +1,113 @@
+//! Core NATS messages the client dropped because a subscription's buffer was full (a slow
+//! consumer), counted per subject from the client's events (SPEC G7).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+/// At most one slow-consumer warning per this interval.
+const WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// The drops of one connection. The client names a subscription by its id (sid) only;
+/// each Core subscription registers its sid with its subject when it opens.
+#[derive(Debug, Default)]
+pub(crate) struct SlowConsumers {
+    total: AtomicU64,
+    book: Mutex<Book>,
+}
+
+#[derive(Debug, Default)]
+struct Book {
+    subjects: HashMap<u64, Arc<str>>,
+    counts: HashMap<Arc<str>, u64>,
+    warned: Option<Instant>,
+}
+
+impl SlowConsumers {
+    fn book(&self) -> std::sync::MutexGuard<'_, Book> {
+        self.book.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Names subscription `sid` after `subject` in warnings and counts.
+    pub(crate) fn register(&self, sid: u64, subject: &str) {
+        self.book().subjects.insert(sid, Arc::from(subject));
+    }
+
+    pub(crate) fn unregister(&self, sid: u64) {
+        self.book().subjects.remove(&sid);
+    }
+
+    /// One message dropped on subscription `sid`.
+    pub(crate) fn record(&self, sid: u64) {
+        let total = self.total.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut book = self.book();
+        let subject = book.subjects.get(&sid).cloned();
+        let on_subject = subject.as_ref().map(|subject| {
+            let count = book.counts.entry(Arc::clone(subject)).or_default();
+            *count += 1;
+            *count
+        });
+        let now = Instant::now();
+        if book
+            .warned
+            .is_none_or(|at| now.duration_since(at) >= WARN_EVERY)
+        {
+            book.warned = Some(now);
+            drop(book);
+            tracing::warn!(
+                subject = subject
+                    .as_deref()
+                    .unwrap_or("(not a ruststream subscription)"),
+                sid,
+                dropped_on_subject = on_subject.unwrap_or(0),
+                dropped_on_connection = total,
+                "Core NATS slow consumer: the client's buffer for the subscription is full and it drops messages (at-most-once); add lanes or make handlers faster"
+            );
+        }
+    }
+
+    pub(crate) fn total(&self) -> u64 {
+        self.total.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn on(&self, subject: &str) -> u64 {
+        self.book().counts.get(subject).copied().unwrap_or(0)
+    }
+}
+
+/// The id async-nats gave `subscriber`. The client keeps it private; its `Debug` output
+/// (`Subscriber { sid: 7, .. }`) carries it. `None` when that output changes shape, and
+/// the warnings then name the sid alone.
+pub(crate) fn sid_of(subscriber: &async_nats::Subscriber) -> Option<u64> {
+    let shown = format!("{subscriber:?}");
+    let rest = &shown[shown.find("sid: ")? + 5..];
+    let digits = rest
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(rest.len());
+    rest[..digits].parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn g7_drops_are_counted_per_registered_subject() {
+        let drops = SlowConsumers::default();
+        drops.register(3, "orders");
+        drops.record(3);
+        drops.record(3);
+        drops.record(9);
+        assert_eq!(drops.total(), 3);
+        assert_eq!(drops.on("orders"), 2);
+        drops.unregister(3);
+        drops.record(3);
+        assert_eq!(
+            drops.on("orders"),
+            2,
+            "a closed subscription counts no more"
+        );
+        assert_eq!(drops.total(), 4);
+    }
+}
