@@ -124,6 +124,7 @@ pub struct Delivery {
 
 impl Delivery {
     /// A first-attempt delivery from `address`. Transports fill the rest with the `with_*` methods.
+    #[inline]
     pub fn new(address: Arc<str>, payload: Bytes) -> Self {
         Self {
             payload,
@@ -137,76 +138,90 @@ impl Delivery {
     }
 
     /// Sets the address a reply goes to (a NATS request's reply subject).
+    #[inline]
     pub fn with_reply_to(mut self, reply_to: Option<Arc<str>>) -> Self {
         self.reply_to = reply_to;
         self
     }
 
     /// Where the sender waits for a reply, if it is a request.
+    #[inline]
     pub fn reply_to(&self) -> Option<&str> {
         self.reply_to.as_deref()
     }
 
     /// Sets the headers.
+    #[inline]
     pub fn with_headers(mut self, headers: Headers) -> Self {
         self.headers = headers;
         self
     }
 
     /// Sets the key.
+    #[inline]
     pub fn with_key(mut self, key: Option<Bytes>) -> Self {
         self.key = key;
         self
     }
 
     /// Sets the broker metadata.
+    #[inline]
     pub fn with_metadata(mut self, metadata: Metadata) -> Self {
         self.metadata = metadata;
         self
     }
 
     /// Sets the attempt.
+    #[inline]
     pub fn with_attempt(mut self, attempt: Attempt) -> Self {
         self.attempt = attempt;
         self
     }
 
     /// Counts one more attempt (the runtime runs the delivery again in place).
+    #[inline]
     pub fn count_attempt(&mut self) {
         self.attempt = self.attempt.next();
     }
 
     /// The payload bytes, as received.
+    #[inline]
     pub fn payload(&self) -> &Bytes {
         &self.payload
     }
 
     /// The headers, as received.
+    #[inline]
     pub fn headers(&self) -> &Headers {
         &self.headers
     }
 
     /// The key (Kafka record key, Pulsar partition key), if any.
+    #[inline]
     pub fn key(&self) -> Option<&Bytes> {
         self.key.as_ref()
     }
 
     /// The address it was read from (topic or subject).
+    #[inline]
     pub fn address(&self) -> &str {
         &self.address
     }
 
     /// The address as a shared string.
+    #[inline]
     pub fn address_arc(&self) -> &Arc<str> {
         &self.address
     }
 
     /// Broker position data.
+    #[inline]
     pub fn metadata(&self) -> &Metadata {
         &self.metadata
     }
 
     /// Which attempt this is.
+    #[inline]
     pub fn attempt(&self) -> Attempt {
         self.attempt
     }

@@ -36,6 +36,7 @@ mod declaration;
 mod delivery;
 mod descriptor;
 mod error;
+pub mod hash;
 mod headers;
 mod outcome;
 pub mod plan;

@@ -1,5 +1,7 @@
-//! Consume throughput through ruststream (`Commit::Tracked`, ack) next to a raw rdkafka
-//! consumer (StreamConsumer, decode, `store_offset`) on the same records, in one run.
+//! What consuming costs through ruststream (`Commit::Tracked`, ack) next to the raw
+//! rdkafka loop a user would write (StreamConsumer, decode, `store_offset_from_message`)
+//! on the same records, in one run: CPU time of the consuming thread per record, and the
+//! rate (see `ruststream_test_support::bench`).
 //! Needs a Kafka-API broker at `RUSTSTREAM_KAFKA_BROKERS` (scripts/test starts tansu).
 //!
 //! Time is measured from the first record handled to the last, so the group join (a
@@ -8,6 +10,8 @@
 //! Run with `cargo bench -p ruststream-kafka --bench consume`.
 
 use std::sync::{Arc, Mutex};
+
+use ruststream_test_support::bench::{Figures, Span, load_average, own_thread, report};
 use std::time::{Duration, Instant};
 
 use ruststream::{App, HandlerOutcome, Headers, Message, State, on};
@@ -32,34 +36,12 @@ const PAYLOAD: &[u8] = br#"{"id":123456,"price":4200,"qty":7,"buy":true}"#;
 const RECORDS: usize = 100_000;
 const ROUNDS: usize = 3;
 
-/// First and last handling time, and how many were handled.
-#[derive(Default)]
-struct Span {
-    first: Option<Instant>,
-    last: Option<Instant>,
-    count: usize,
-}
-
-impl Span {
-    fn hit(&mut self) {
-        let now = Instant::now();
-        self.first.get_or_insert(now);
-        self.last = Some(now);
-        self.count += 1;
-    }
-
-    fn rate(&self) -> f64 {
-        let took = self.last.unwrap() - self.first.unwrap();
-        (self.count - 1) as f64 / took.as_secs_f64()
-    }
-}
-
 async fn handle(
     Message(tick): Message<Tick>,
     State(span): State<Arc<Mutex<Span>>>,
 ) -> HandlerOutcome {
     std::hint::black_box(tick);
-    span.lock().unwrap().hit();
+    Span::hit(&span);
     HandlerOutcome::ack()
 }
 
@@ -70,53 +52,58 @@ fn settings(config: &mut ClientConfig) -> &mut ClientConfig {
         .set("auto.offset.reset", "earliest")
 }
 
-async fn raw(brokers: &str, topic: &str, group: &str) -> f64 {
-    let consumer: StreamConsumer = settings(
-        ClientConfig::new()
-            .set("bootstrap.servers", brokers)
-            .set("group.id", group)
-            .set("enable.auto.offset.store", "false"),
-    )
-    .create()
-    .expect("consumer");
-    consumer.subscribe(&[topic]).expect("subscribe");
-    let mut span = Span::default();
-    while span.count < RECORDS {
-        let m = consumer.recv().await.expect("record");
-        let tick: Tick = serde_json::from_slice(m.payload().unwrap()).expect("decodes");
-        std::hint::black_box(tick);
-        consumer
-            .store_offset(m.topic(), m.partition(), m.offset())
-            .expect("store");
-        span.hit();
-    }
-    std::mem::forget(consumer);
-    span.rate()
+/// The loop a user would write: receive, decode, store the offset through the message.
+async fn raw(brokers: String, topic: String, group: String) -> Figures {
+    own_thread(move || async move {
+        let consumer: StreamConsumer = settings(
+            ClientConfig::new()
+                .set("bootstrap.servers", &brokers)
+                .set("group.id", &group)
+                .set("enable.auto.offset.store", "false"),
+        )
+        .create()
+        .expect("consumer");
+        consumer.subscribe(&[&topic]).expect("subscribe");
+        let span = Span::new(RECORDS);
+        while Span::count(&span) < RECORDS {
+            let m = consumer.recv().await.expect("record");
+            let tick: Tick = serde_json::from_slice(m.payload().unwrap()).expect("decodes");
+            std::hint::black_box(tick);
+            consumer.store_offset_from_message(&m).expect("store");
+            Span::hit(&span);
+        }
+        std::mem::forget(consumer);
+        Span::figures(&span)
+    })
+    .await
 }
 
-async fn framework(kafka: &Kafka, topic: &str, group: &str) -> f64 {
-    let span = Arc::new(Mutex::new(Span::default()));
-    let running = App::new()
-        .state(Arc::clone(&span))
-        .register(on(
-            kafka
-                .topic(topic)
-                .group(group)
-                .commit(Commit::Tracked)
-                .set("session.timeout.ms", "6000")
-                .set("heartbeat.interval.ms", "500"),
-            handle,
-        ))
-        .start()
-        .await
-        .expect("start");
-    let deadline = Instant::now() + Duration::from_secs(300);
-    while span.lock().unwrap().count < RECORDS {
-        assert!(Instant::now() < deadline, "not all records handled");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    running.stop().await;
-    span.lock().unwrap().rate()
+async fn framework(kafka: Kafka, topic: String, group: String) -> Figures {
+    own_thread(move || async move {
+        let span = Span::new(RECORDS);
+        let running = App::new()
+            .state(Arc::clone(&span))
+            .register(on(
+                kafka
+                    .topic(topic)
+                    .group(group)
+                    .commit(Commit::Tracked)
+                    .set("session.timeout.ms", "6000")
+                    .set("heartbeat.interval.ms", "500"),
+                handle,
+            ))
+            .start()
+            .await
+            .expect("start");
+        let deadline = Instant::now() + Duration::from_secs(300);
+        while Span::count(&span) < RECORDS {
+            assert!(Instant::now() < deadline, "not all records handled");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        running.stop().await;
+        Span::figures(&span)
+    })
+    .await
 }
 
 #[tokio::main]
@@ -147,23 +134,31 @@ async fn main() {
             }
         }
     }
-    let (mut best_raw, mut best_framework) = (0f64, 0f64);
+    let load = load_average();
+    let (mut raws, mut frameworks) = (Vec::new(), Vec::new());
     for round in 0..ROUNDS {
         // Each side reads the whole topic as a group of its own; alternate who goes first.
+        let raw_side = || raw(brokers.clone(), topic.clone(), format!("raw-{round}"));
+        let framework_side = || framework(kafka.clone(), topic.clone(), format!("fw-{round}"));
         let (r, f) = if round % 2 == 0 {
-            let r = raw(&brokers, &topic, &format!("raw-{round}")).await;
-            (r, framework(&kafka, &topic, &format!("fw-{round}")).await)
+            let r = raw_side().await;
+            (r, framework_side().await)
         } else {
-            let f = framework(&kafka, &topic, &format!("fw-{round}")).await;
-            (raw(&brokers, &topic, &format!("raw-{round}")).await, f)
+            let f = framework_side().await;
+            (raw_side().await, f)
         };
-        best_raw = best_raw.max(r);
-        best_framework = best_framework.max(f);
+        raws.push(r);
+        frameworks.push(f);
     }
     std::mem::forget(admin);
     println!(
-        "kafka/consume (Tracked, ack): raw rdkafka {best_raw:.0} records/s, ruststream {best_framework:.0} records/s, ratio {:.1}%",
-        100.0 * best_framework / best_raw
+        "{}",
+        report(
+            &format!("kafka/consume (Tracked, ack, {RECORDS} records)"),
+            &raws,
+            &frameworks,
+            &format!("{load} at start, {} at end", load_average())
+        )
     );
 }
 

@@ -26,20 +26,29 @@ pub struct KafkaReceipt {
     pub(crate) partition: i32,
     pub(crate) offset: i64,
     pub(crate) generation: u64,
+    /// Its partition's place in the book.
+    slot: usize,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct PartitionState {
+    topic: Arc<str>,
+    partition: i32,
     tracker: OffsetTracker,
     generation: u64,
+    /// A one-partition list kept for storing its offset (`Commit::Tracked`): storing by
+    /// topic name makes rdkafka build and free a native topic handle on every call.
+    store: Option<TopicPartitionList>,
 }
 
 /// The subscription's bookkeeping, apart from the consumer: trackers per partition and
-/// assignment generation.
+/// assignment generation. Partitions live in a vector (a consumer reads few) found by a
+/// receipt's slot, or, for a new record, from the last one's.
 #[derive(Debug)]
 struct Book {
     moves: Arc<Moves>,
-    partitions: HashMap<(Arc<str>, i32), PartitionState>,
+    partitions: Vec<PartitionState>,
+    last: usize,
     seen_epoch: u64,
 }
 
@@ -47,7 +56,8 @@ impl Book {
     fn new(moves: Arc<Moves>) -> Self {
         Self {
             moves,
-            partitions: HashMap::new(),
+            partitions: Vec::new(),
+            last: 0,
             seen_epoch: 0,
         }
     }
@@ -59,15 +69,35 @@ impl Book {
             return;
         }
         self.seen_epoch = epoch;
-        for ((topic, partition), state) in &mut self.partitions {
-            let generation = self.moves.generation(topic, *partition);
+        for state in &mut self.partitions {
+            let generation = self.moves.generation(&state.topic, state.partition);
             if generation != state.generation {
-                *state = PartitionState {
-                    tracker: OffsetTracker::new(),
-                    generation,
-                };
+                state.tracker = OffsetTracker::new();
+                state.generation = generation;
             }
         }
+    }
+
+    fn slot(&mut self, topic: &Arc<str>, partition: i32) -> usize {
+        let is = |s: &PartitionState| s.partition == partition && *s.topic == **topic;
+        if self.partitions.get(self.last).is_some_and(is) {
+            return self.last;
+        }
+        let slot = match self.partitions.iter().position(is) {
+            Some(slot) => slot,
+            None => {
+                self.partitions.push(PartitionState {
+                    topic: Arc::clone(topic),
+                    partition,
+                    tracker: OffsetTracker::new(),
+                    generation: self.moves.generation(topic, partition),
+                    store: None,
+                });
+                self.partitions.len() - 1
+            }
+        };
+        self.last = slot;
+        slot
     }
 
     /// Records a delivered offset (tracked or not) and makes its receipt.
@@ -78,14 +108,8 @@ impl Book {
         offset: i64,
         track: bool,
     ) -> KafkaReceipt {
-        let moves = &self.moves;
-        let state = self
-            .partitions
-            .entry((Arc::clone(&topic), partition))
-            .or_insert_with(|| PartitionState {
-                tracker: OffsetTracker::new(),
-                generation: moves.generation(&topic, partition),
-            });
+        let slot = self.slot(&topic, partition);
+        let state = &mut self.partitions[slot];
         if track {
             state.tracker.delivered(offset);
         }
@@ -94,6 +118,7 @@ impl Book {
             partition,
             offset,
             generation: state.generation,
+            slot,
         }
     }
 
@@ -102,17 +127,33 @@ impl Book {
     fn settled(&mut self, receipt: &KafkaReceipt) -> Option<i64> {
         self.forget_moved_partitions();
         self.partitions
-            .get_mut(&(Arc::clone(&receipt.topic), receipt.partition))
+            .get_mut(receipt.slot)
             .filter(|s| s.generation == receipt.generation)?
             .tracker
             .settled(receipt.offset)
     }
 
+    /// The list that stores `resume_at` as the position of `receipt`'s partition.
+    fn store_list(
+        &mut self,
+        receipt: &KafkaReceipt,
+        resume_at: i64,
+    ) -> KafkaResult<&TopicPartitionList> {
+        let state = &mut self.partitions[receipt.slot];
+        let list = state.store.get_or_insert_with(|| {
+            let mut list = TopicPartitionList::with_capacity(1);
+            list.add_partition(&state.topic, state.partition);
+            list
+        });
+        list.set_all_offsets(rdkafka::Offset::Offset(resume_at))?;
+        Ok(list)
+    }
+
     fn stored(&self, topic: &str, partition: i32) -> Option<i64> {
         self.partitions
             .iter()
-            .find(|((t, p), _)| &**t == topic && *p == partition)
-            .and_then(|(_, s)| s.tracker.stored())
+            .find(|s| &*s.topic == topic && s.partition == partition)
+            .and_then(|s| s.tracker.stored())
     }
 }
 
@@ -133,6 +174,7 @@ pub struct KafkaSubscription {
     book: Book,
     commit: Commit,
     topics: HashMap<String, Arc<str>>,
+    last_topic: Arc<str>,
     address: Arc<str>,
     close_timeout: Duration,
     window: Option<Window>,
@@ -167,6 +209,7 @@ impl KafkaSubscription {
             book: Book::new(moves),
             commit,
             topics: HashMap::new(),
+            last_topic: Arc::from(""),
             address: Arc::from(address),
             close_timeout,
             window,
@@ -176,11 +219,19 @@ impl KafkaSubscription {
     }
 
     fn topic(&mut self, name: &str) -> Arc<str> {
-        if let Some(topic) = self.topics.get(name) {
-            return Arc::clone(topic);
+        // Records mostly come from the topic of the one before.
+        if *self.last_topic == *name {
+            return Arc::clone(&self.last_topic);
         }
-        let topic: Arc<str> = Arc::from(name);
-        self.topics.insert(name.to_owned(), Arc::clone(&topic));
+        let topic = match self.topics.get(name) {
+            Some(topic) => Arc::clone(topic),
+            None => {
+                let topic: Arc<str> = Arc::from(name);
+                self.topics.insert(name.to_owned(), Arc::clone(&topic));
+                topic
+            }
+        };
+        self.last_topic = Arc::clone(&topic);
         topic
     }
 
@@ -376,9 +427,10 @@ impl Subscription for KafkaSubscription {
                 let Some(consumer) = self.consumer.as_ref() else {
                     return Ok(());
                 };
-                // Stores position + 1: the offset the group resumes from.
-                consumer
-                    .store_offset(&receipt.topic, receipt.partition, position)
+                // The group resumes from the record after the position.
+                self.book
+                    .store_list(&receipt, position + 1)
+                    .and_then(|list| consumer.store_offsets(list))
                     .map_err(|e| {
                         AckError::Failed(format!(
                             "storing offset {position} of {}/{}: {e}",

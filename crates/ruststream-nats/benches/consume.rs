@@ -1,11 +1,12 @@
-//! Consume throughput through ruststream next to raw async-nats, on the same messages,
-//! in one run: Core NATS (subscribe, decode, handle) and JetStream (pull, decode, handle,
-//! +ACK). Needs a nats-server with JetStream at `RUSTSTREAM_NATS_URL`.
+//! What consuming costs through ruststream next to the raw async-nats loop a user would
+//! write, on the same messages, in one run: Core NATS (subscribe, decode, handle) and
+//! JetStream (pull at the client's default batch, decode, handle, +ACK). CPU time of the
+//! consuming thread per message, the rate, and Core messages lost to the client's buffer
+//! (see `ruststream_test_support::bench`). Needs a nats-server with JetStream at `RUSTSTREAM_NATS_URL`.
 //!
 //! Run with `cargo bench -p ruststream-nats --bench consume` (scripts/test starts a server).
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -13,6 +14,7 @@ use futures_util::StreamExt;
 use ruststream::{App, HandlerOutcome, Message, State, on};
 use ruststream_nats::Nats;
 use ruststream_nats::async_nats::jetstream::{self, consumer::pull, stream};
+use ruststream_test_support::bench::{Figures, Span, load_average, own_thread, report};
 use serde::Deserialize;
 
 #[derive(Deserialize)]
@@ -25,15 +27,16 @@ struct Tick {
 }
 
 const PAYLOAD: &[u8] = br#"{"id":123456,"price":4200,"qty":7,"buy":true}"#;
-const CORE_MESSAGES: usize = 100_000;
-const JS_MESSAGES: usize = 50_000;
+const CORE_MESSAGES: usize = 200_000;
+const JS_MESSAGES: usize = 100_000;
 const ROUNDS: usize = 3;
 
-struct Count(AtomicUsize);
-
-async fn handle(Message(tick): Message<Tick>, State(count): State<Arc<Count>>) -> HandlerOutcome {
+async fn handle(
+    Message(tick): Message<Tick>,
+    State(span): State<Arc<Mutex<Span>>>,
+) -> HandlerOutcome {
     std::hint::black_box(tick);
-    count.0.fetch_add(1, Ordering::Relaxed);
+    Span::hit(&span);
     HandlerOutcome::ack()
 }
 
@@ -42,17 +45,9 @@ fn decode(payload: &[u8]) {
     std::hint::black_box(tick);
 }
 
-async fn wait_for(count: &Count, n: usize) {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while count.0.load(Ordering::Relaxed) < n {
-        assert!(
-            Instant::now() < deadline,
-            "only {} of {n} arrived",
-            count.0.load(Ordering::Relaxed)
-        );
-        tokio::time::sleep(Duration::from_micros(200)).await;
-    }
-}
+const END: &[u8] = b"end";
+const QUIET: Duration = Duration::from_secs(2);
+const LIMIT: Duration = Duration::from_secs(300);
 
 /// Publishes `n` Core messages, paced in flushed batches so no subscriber is a slow
 /// consumer that the server cuts off.
@@ -68,38 +63,65 @@ async fn publish_core(nats: &Nats, subject: &str, n: usize) {
     }
 }
 
-async fn core_raw(nats: &Nats, round: usize) -> Duration {
+/// The loop a user would write: next, decode. Ends at an `END` message, which the
+/// publisher sends (again and again) once nothing more arrives.
+async fn core_raw(publisher: &Nats, service: &Nats, round: usize) -> Figures {
     let subject = format!("bench.core.raw.{round}.{}", std::process::id());
-    let mut sub = nats.client().subscribe(subject.clone()).await.unwrap();
-    nats.client().flush().await.unwrap();
-    let started = Instant::now();
-    let consumer = tokio::spawn(async move {
-        for _ in 0..CORE_MESSAGES {
-            let m = sub.next().await.expect("message");
+    let span = Span::new(CORE_MESSAGES);
+    let client = service.client().clone();
+    let (consumer_span, consumer_subject) = (Arc::clone(&span), subject.clone());
+    let (ready_tx, ready) = tokio::sync::oneshot::channel();
+    let consumer = tokio::spawn(own_thread(move || async move {
+        let mut sub = client.subscribe(consumer_subject).await.unwrap();
+        client.flush().await.unwrap();
+        let _ = ready_tx.send(());
+        while let Some(m) = sub.next().await {
+            if &m.payload[..] == END {
+                break;
+            }
             decode(&m.payload);
+            Span::hit(&consumer_span);
         }
-    });
-    publish_core(nats, &subject, CORE_MESSAGES).await;
-    consumer.await.unwrap();
-    started.elapsed()
+        Span::figures(&consumer_span)
+    }));
+    ready.await.unwrap();
+    publish_core(publisher, &subject, CORE_MESSAGES).await;
+    Span::wait(&span, QUIET, LIMIT).await;
+    while !consumer.is_finished() {
+        publisher
+            .client()
+            .publish(subject.clone(), Bytes::from_static(END))
+            .await
+            .unwrap();
+        publisher.client().flush().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    consumer.await.unwrap()
 }
 
-async fn core_framework(nats: &Nats, round: usize) -> Duration {
+async fn core_framework(publisher: &Nats, service: &Nats, round: usize) -> Figures {
     let subject = format!("bench.core.fw.{round}.{}", std::process::id());
-    let count = Arc::new(Count(AtomicUsize::new(0)));
-    let running = App::new()
-        .state(Arc::clone(&count))
-        .register(on(nats.subject(&subject), handle))
-        .start()
-        .await
-        .unwrap();
-    nats.client().flush().await.unwrap();
-    let started = Instant::now();
-    publish_core(nats, &subject, CORE_MESSAGES).await;
-    wait_for(&count, CORE_MESSAGES).await;
-    let took = started.elapsed();
-    running.stop().await;
-    took
+    let span = Span::new(CORE_MESSAGES);
+    let (service, consumer_span, consumer_subject) =
+        (service.clone(), Arc::clone(&span), subject.clone());
+    let (ready_tx, ready) = tokio::sync::oneshot::channel();
+    let consumer = tokio::spawn(own_thread(move || async move {
+        let running = App::new()
+            .state(Arc::clone(&consumer_span))
+            .register(on(service.subject(&consumer_subject), handle))
+            .start()
+            .await
+            .unwrap();
+        service.client().flush().await.unwrap();
+        let _ = ready_tx.send(());
+        Span::wait(&consumer_span, QUIET, LIMIT).await;
+        let figures = Span::figures(&consumer_span);
+        running.stop().await;
+        figures
+    }));
+    ready.await.unwrap();
+    publish_core(publisher, &subject, CORE_MESSAGES).await;
+    consumer.await.unwrap()
 }
 
 async fn prefill(nats: &Nats, name: &str) -> jetstream::stream::Stream {
@@ -148,61 +170,62 @@ async fn wait_acked(stream: &jetstream::stream::Stream, consumer: &str) {
     }
 }
 
-async fn jetstream_raw(nats: &Nats, round: usize) -> Duration {
+/// The loop a user would write: pull (the client's default batch), decode, ack.
+async fn jetstream_raw(nats: &Nats, round: usize) -> Figures {
     let name = format!("BENCH_RAW_{round}_{}", std::process::id());
     let stream = prefill(nats, &name).await;
-    let started = Instant::now();
-    let consumer: jetstream::consumer::PullConsumer = stream
-        .create_consumer(pull::Config {
-            durable_name: Some("raw".into()),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    let mut messages = consumer
-        .stream()
-        .max_messages_per_batch(32)
-        .messages()
-        .await
-        .unwrap();
-    for _ in 0..JS_MESSAGES {
-        let m = messages.next().await.unwrap().unwrap();
-        decode(&m.payload);
-        m.ack().await.unwrap();
-    }
+    let consumer_stream = stream.clone();
+    let figures = own_thread(move || async move {
+        let consumer: jetstream::consumer::PullConsumer = consumer_stream
+            .create_consumer(pull::Config {
+                durable_name: Some("raw".into()),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let mut messages = consumer.messages().await.unwrap();
+        let span = Span::new(JS_MESSAGES);
+        for _ in 0..JS_MESSAGES {
+            let m = messages.next().await.unwrap().unwrap();
+            decode(&m.payload);
+            m.ack().await.unwrap();
+            Span::hit(&span);
+        }
+        Span::figures(&span)
+    })
+    .await;
     wait_acked(&stream, "raw").await;
-    let took = started.elapsed();
-    drop(messages);
     jetstream::new(nats.client().clone())
         .delete_stream(&name)
         .await
         .unwrap();
-    took
+    figures
 }
 
-async fn jetstream_framework(nats: &Nats, round: usize) -> Duration {
+async fn jetstream_framework(nats: &Nats, round: usize) -> Figures {
     let name = format!("BENCH_FW_{round}_{}", std::process::id());
     let stream = prefill(nats, &name).await;
-    let count = Arc::new(Count(AtomicUsize::new(0)));
-    let started = Instant::now();
-    let running = App::new()
-        .state(Arc::clone(&count))
-        .register(on(nats.consumer(&name, "framework"), handle))
-        .start()
-        .await
-        .unwrap();
+    let (service, consumer_name) = (nats.clone(), name.clone());
+    let figures = own_thread(move || async move {
+        let span = Span::new(JS_MESSAGES);
+        let running = App::new()
+            .state(Arc::clone(&span))
+            .register(on(service.consumer(&consumer_name, "framework"), handle))
+            .start()
+            .await
+            .unwrap();
+        Span::wait(&span, LIMIT, LIMIT).await;
+        let figures = Span::figures(&span);
+        running.stop().await;
+        figures
+    })
+    .await;
     wait_acked(&stream, "framework").await;
-    let took = started.elapsed();
-    running.stop().await;
     jetstream::new(nats.client().clone())
         .delete_stream(&name)
         .await
         .unwrap();
-    took
-}
-
-fn rate(n: usize, took: Duration) -> f64 {
-    n as f64 / took.as_secs_f64()
+    figures
 }
 
 #[tokio::main]
@@ -213,37 +236,46 @@ async fn main() {
     // deployment where producer and service are different processes.
     let nats = Nats::connect(&url).await.expect("connect");
     let service = Nats::connect(&url).await.expect("connect");
-    let mut best = [0f64; 4];
+    let load = load_average();
+    let mut figures: [Vec<Figures>; 4] = Default::default();
     for round in 0..ROUNDS {
         // Alternate the order so neither side always runs on a warmer server.
         let (raw, fw) = if round % 2 == 0 {
-            let raw = core_raw(&service, round).await;
-            (raw, core_framework_with(&nats, &service, round).await)
+            let raw = core_raw(&nats, &service, round).await;
+            (raw, core_framework(&nats, &service, round).await)
         } else {
-            let fw = core_framework_with(&nats, &service, round).await;
-            (core_raw(&service, round).await, fw)
+            let fw = core_framework(&nats, &service, round).await;
+            (core_raw(&nats, &service, round).await, fw)
         };
-        best[0] = best[0].max(rate(CORE_MESSAGES, raw));
-        best[1] = best[1].max(rate(CORE_MESSAGES, fw));
-        let raw = jetstream_raw(&service, round).await;
-        let fw = jetstream_framework(&service, round).await;
-        best[2] = best[2].max(rate(JS_MESSAGES, raw));
-        best[3] = best[3].max(rate(JS_MESSAGES, fw));
+        figures[0].push(raw);
+        figures[1].push(fw);
+        let (raw, fw) = if round % 2 == 0 {
+            let raw = jetstream_raw(&service, round).await;
+            (raw, jetstream_framework(&service, round).await)
+        } else {
+            let fw = jetstream_framework(&service, round).await;
+            (jetstream_raw(&service, round).await, fw)
+        };
+        figures[2].push(raw);
+        figures[3].push(fw);
     }
+    let load = format!("{load} at start, {} at end", load_average());
     println!(
-        "nats/core consume: raw {:.0} msg/s, ruststream {:.0} msg/s, ratio {:.1}%",
-        best[0],
-        best[1],
-        100.0 * best[1] / best[0]
+        "{}",
+        report(
+            &format!("nats/core consume ({CORE_MESSAGES} messages)"),
+            &figures[0],
+            &figures[1],
+            &load
+        )
     );
     println!(
-        "nats/jetstream consume+ack: raw {:.0} msg/s, ruststream {:.0} msg/s, ratio {:.1}%",
-        best[2],
-        best[3],
-        100.0 * best[3] / best[2]
+        "{}",
+        report(
+            &format!("nats/jetstream pull+ack ({JS_MESSAGES} messages)"),
+            &figures[2],
+            &figures[3],
+            &load
+        )
     );
-}
-
-async fn core_framework_with(_publisher: &Nats, service: &Nats, round: usize) -> Duration {
-    core_framework(service, round).await
 }

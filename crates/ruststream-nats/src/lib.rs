@@ -97,7 +97,7 @@ pub use async_nats;
 pub use core::{CoreSubject, CoreSubscription, CoreWildcard};
 use drops::SlowConsumers;
 pub use jetstream::{
-    CAPABILITIES as JETSTREAM_CAPABILITIES, DEFAULT_ACK_WAIT, JetStreamConsumer,
+    CAPABILITIES as JETSTREAM_CAPABILITIES, DEFAULT_ACK_WAIT, DEFAULT_BATCH, JetStreamConsumer,
     JetStreamSubscription,
 };
 pub use publish::{NatsPublisher, RequestError, Stored};

@@ -1,16 +1,18 @@
-//! Consume throughput through ruststream (Shared subscription, ack) next to a raw `pulsar`
-//! consumer (decode, `ack`) on the same messages, in one run. Needs pulsar-lite at
+//! What consuming costs through ruststream (Shared subscription, ack) next to the raw
+//! `pulsar` loop (next, decode, `ack`) on the same messages, in one run: CPU time of the
+//! consuming thread per message, and the rate (see `ruststream_test_support::bench`). Needs pulsar-lite at
 //! `RUSTSTREAM_PULSAR_ADDR` (scripts/test starts it); both sides go through the same
 //! checksum relay the tests use (see ruststream_test_support::pulsar_relay).
 //!
 //! Run with `cargo bench -p ruststream-pulsar --bench consume`.
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures_util::StreamExt;
 use ruststream::{App, HandlerOutcome, Headers, Message, State, on};
 use ruststream_pulsar::{Pulsar, SubType};
+use ruststream_test_support::bench::{Figures, Span, load_average, own_thread, report};
 use serde::Deserialize;
 
 #[derive(Deserialize)]
@@ -25,32 +27,14 @@ struct Tick {
 const PAYLOAD: &[u8] = br#"{"id":123456,"price":4200,"qty":7,"buy":true}"#;
 const MESSAGES: usize = 20_000;
 const ROUNDS: usize = 3;
-
-#[derive(Default)]
-struct Span {
-    first: Option<Instant>,
-    last: Option<Instant>,
-    count: usize,
-}
-
-impl Span {
-    fn hit(&mut self) {
-        let now = Instant::now();
-        self.first.get_or_insert(now);
-        self.last = Some(now);
-        self.count += 1;
-    }
-    fn rate(&self) -> f64 {
-        (self.count - 1) as f64 / (self.last.unwrap() - self.first.unwrap()).as_secs_f64()
-    }
-}
+const LIMIT: Duration = Duration::from_secs(300);
 
 async fn handle(
     Message(tick): Message<Tick>,
     State(span): State<Arc<Mutex<Span>>>,
 ) -> HandlerOutcome {
     std::hint::black_box(tick);
-    span.lock().unwrap().hit();
+    Span::hit(&span);
     HandlerOutcome::ack()
 }
 
@@ -70,50 +54,55 @@ async fn fill(pulsar: &Pulsar, topic: &str) {
     }
 }
 
-async fn raw(pulsar: &Pulsar, topic: &str) -> f64 {
-    let mut consumer: pulsar::Consumer<Vec<u8>, pulsar::TokioExecutor> = pulsar
-        .client()
-        .consumer()
-        .with_topic(topic)
-        .with_subscription("raw")
-        .with_subscription_type(SubType::Shared)
-        .with_options(earliest())
-        .build()
-        .await
-        .expect("consumer");
-    let mut span = Span::default();
-    while span.count < MESSAGES {
-        let message = consumer.next().await.expect("open").expect("message");
-        let tick: Tick = serde_json::from_slice(&message.payload.data).expect("decodes");
-        std::hint::black_box(tick);
-        consumer.ack(&message).await.expect("ack");
-        span.hit();
-    }
-    let _ = consumer.close().await;
-    span.rate()
+/// The loop a user would write: next, decode, ack.
+async fn raw(pulsar: Pulsar, topic: String) -> Figures {
+    own_thread(move || async move {
+        let mut consumer: pulsar::Consumer<Vec<u8>, pulsar::TokioExecutor> = pulsar
+            .client()
+            .consumer()
+            .with_topic(topic)
+            .with_subscription("raw")
+            .with_subscription_type(SubType::Shared)
+            .with_options(earliest())
+            .build()
+            .await
+            .expect("consumer");
+        let span = Span::new(MESSAGES);
+        for _ in 0..MESSAGES {
+            let message = consumer.next().await.expect("open").expect("message");
+            let tick: Tick = serde_json::from_slice(&message.payload.data).expect("decodes");
+            std::hint::black_box(tick);
+            consumer.ack(&message).await.expect("ack");
+            Span::hit(&span);
+        }
+        let figures = Span::figures(&span);
+        let _ = consumer.close().await;
+        figures
+    })
+    .await
 }
 
-async fn framework(pulsar: &Pulsar, topic: &str) -> f64 {
-    let span = Arc::new(Mutex::new(Span::default()));
-    let running = App::new()
-        .state(Arc::clone(&span))
-        .register(on(
-            pulsar
-                .topic(topic)
-                .subscription("framework")
-                .options(earliest()),
-            handle,
-        ))
-        .start()
-        .await
-        .expect("start");
-    let deadline = Instant::now() + Duration::from_secs(300);
-    while span.lock().unwrap().count < MESSAGES {
-        assert!(Instant::now() < deadline, "not all messages handled");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    running.stop().await;
-    span.lock().unwrap().rate()
+async fn framework(pulsar: Pulsar, topic: String) -> Figures {
+    own_thread(move || async move {
+        let span = Span::new(MESSAGES);
+        let running = App::new()
+            .state(Arc::clone(&span))
+            .register(on(
+                pulsar
+                    .topic(topic)
+                    .subscription("framework")
+                    .options(earliest()),
+                handle,
+            ))
+            .start()
+            .await
+            .expect("start");
+        Span::wait(&span, LIMIT, LIMIT).await;
+        let figures = Span::figures(&span);
+        running.stop().await;
+        figures
+    })
+    .await
 }
 
 #[tokio::main]
@@ -124,7 +113,8 @@ async fn main() {
     let pulsar = Pulsar::connect(&format!("pulsar://{relay}"))
         .await
         .expect("connect");
-    let (mut best_raw, mut best_framework) = (0f64, 0f64);
+    let load = load_average();
+    let (mut raws, mut frameworks) = (Vec::new(), Vec::new());
     for round in 0..ROUNDS {
         let topic = format!(
             "persistent://public/default/bench-{}-{round}",
@@ -133,17 +123,22 @@ async fn main() {
         fill(&pulsar, &topic).await;
         // Each side reads the whole topic on a subscription of its own.
         let (r, f) = if round % 2 == 0 {
-            let r = raw(&pulsar, &topic).await;
-            (r, framework(&pulsar, &topic).await)
+            let r = raw(pulsar.clone(), topic.clone()).await;
+            (r, framework(pulsar.clone(), topic).await)
         } else {
-            let f = framework(&pulsar, &topic).await;
-            (raw(&pulsar, &topic).await, f)
+            let f = framework(pulsar.clone(), topic.clone()).await;
+            (raw(pulsar.clone(), topic).await, f)
         };
-        best_raw = best_raw.max(r);
-        best_framework = best_framework.max(f);
+        raws.push(r);
+        frameworks.push(f);
     }
     println!(
-        "pulsar/consume (Shared, ack): raw pulsar {best_raw:.0} msg/s, ruststream {best_framework:.0} msg/s, ratio {:.1}%",
-        100.0 * best_framework / best_raw
+        "{}",
+        report(
+            &format!("pulsar/consume (Shared, ack, {MESSAGES} messages)"),
+            &raws,
+            &frameworks,
+            &format!("{load} at start, {} at end", load_average())
+        )
     );
 }

@@ -2,6 +2,7 @@
 //! call, polling with a deadline, names no other test uses, and the process's log.
 //! (nextest runs each test in a process of its own, so the log is the test's.)
 
+pub mod bench;
 pub mod pulsar_relay;
 
 use std::future::Future;

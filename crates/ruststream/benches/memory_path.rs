@@ -86,11 +86,37 @@ async fn run(n: usize, prefill: bool, count_allocations: bool) -> Measure {
     }
 }
 
+/// The floor the issue measures against: draining a prefilled tokio channel and decoding
+/// each payload, with no framework (callgrind counts only inside this function).
+async fn floor_drain(mut queue: tokio::sync::mpsc::Receiver<Bytes>, n: usize) {
+    for _ in 0..n {
+        let payload = queue.recv().await.expect("a message");
+        let tick: Tick = serde_json::from_slice(&payload).expect("decodes");
+        std::hint::black_box(tick);
+    }
+}
+
+async fn floor(n: usize) {
+    let (tx, rx) = tokio::sync::mpsc::channel(n + 1);
+    for _ in 0..n {
+        tx.send(Bytes::from_static(PAYLOAD)).await.expect("queued");
+    }
+    // A task of its own, as the framework's driver is (and so not inlined into this one).
+    tokio::spawn(floor_drain(rx, n)).await.expect("drained");
+}
+
 fn main() {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime");
+    if let Some(n) = std::env::var("MEMORY_PATH_FLOOR_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        runtime.block_on(floor(n));
+        return;
+    }
     // `MEMORY_PATH_N=n` runs one consume-only pass of n messages and exits: the callgrind
     // script runs two sizes and divides the difference of instructions by the difference
     // of messages, which removes start-up costs.

@@ -70,7 +70,6 @@ pub mod codec;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 pub mod extract;
-mod fast_hash;
 pub mod handler;
 pub mod memory;
 pub mod middleware;

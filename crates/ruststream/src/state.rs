@@ -4,7 +4,7 @@ use std::any::{Any, TypeId, type_name};
 use std::fmt;
 use std::sync::Arc;
 
-use crate::fast_hash::SpreadMap;
+use ruststream_core::hash::SpreadMap;
 
 /// The values given to [`App::state`](crate::App::state), one per type.
 #[derive(Default, Clone)]

@@ -15,12 +15,12 @@ use crate::state::StateMap;
 /// A delivery on its way to a handler, with what the registration shares with it.
 #[derive(Debug)]
 pub struct Incoming {
-    delivery: Delivery,
+    delivery: Box<Delivery>,
     context: Arc<Context>,
 }
 
 impl Incoming {
-    pub(crate) fn new(delivery: Delivery, context: Arc<Context>) -> Self {
+    pub(crate) fn new(delivery: Box<Delivery>, context: Arc<Context>) -> Self {
         Self { delivery, context }
     }
 
@@ -39,7 +39,7 @@ impl Incoming {
         self.delivery.count_attempt();
     }
 
-    pub(crate) fn into_delivery(self) -> Delivery {
+    pub(crate) fn into_delivery(self) -> Box<Delivery> {
         self.delivery
     }
 }

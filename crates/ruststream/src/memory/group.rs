@@ -8,7 +8,7 @@ use bytes::Bytes;
 use ruststream_core::Headers;
 use tokio::sync::Notify;
 
-use crate::fast_hash::SpreadMap;
+use ruststream_core::hash::SpreadMap;
 
 /// A message as the memory broker stores it.
 #[derive(Debug, Clone)]

@@ -9,7 +9,7 @@ use ruststream_core::{
 
 use super::MemoryBroker;
 use super::group::Group;
-use crate::fast_hash::SpreadSet;
+use ruststream_core::hash::SpreadSet;
 
 /// A subscription on a memory address: every group gets every message; subscriptions of
 /// one group compete.

@@ -7,11 +7,19 @@
 use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
+use ruststream_core::Delivery;
+
 use super::driver::{Done, Job};
 
 /// Deliveries a lane holds beyond the one it runs: small, so a slow handler holds back
 /// fetching instead of growing memory.
 pub(crate) const LANE_QUEUE: usize = 1;
+
+/// Boxes kept for the next deliveries. A delivery (about 180 bytes) is moved into a box
+/// once, when fetched, and travels as a pointer from there to the lane, the handler's
+/// extractors and back; a finished lane returns its box here, so the steady state
+/// allocates nothing. More than the lanes ever hold at once is never needed.
+const SPARE_BOXES: usize = 64;
 
 pub(crate) struct Board<R> {
     inner: Mutex<Inner<R>>,
@@ -20,6 +28,9 @@ pub(crate) struct Board<R> {
 struct Inner<R> {
     queues: Vec<VecDeque<Job<R>>>,
     done: VecDeque<Done<R>>,
+    // The boxes themselves are the point: they are handed out again, not their contents.
+    #[allow(clippy::vec_box)]
+    spare: Vec<Box<Delivery>>,
     closed: bool,
 }
 
@@ -38,6 +49,7 @@ impl<R> Board<R> {
                     .map(|_| VecDeque::with_capacity(LANE_QUEUE + 1))
                     .collect(),
                 done: VecDeque::with_capacity(lanes * (LANE_QUEUE + 1)),
+                spare: Vec::new(),
                 closed: false,
             }),
         }
@@ -50,6 +62,26 @@ impl<R> Board<R> {
 
     pub(crate) fn has_room(&self, lane: usize) -> bool {
         self.lock().queues[lane].len() < LANE_QUEUE
+    }
+
+    /// Boxes a fetched delivery (in a spare box when there is one) and queues it on
+    /// `lane` when it has room; hands the job back when not.
+    pub(crate) fn offer_new(&self, lane: usize, delivery: Delivery, receipt: R) -> Option<Job<R>> {
+        let mut inner = self.lock();
+        let delivery = match inner.spare.pop() {
+            Some(mut spare) => {
+                *spare = delivery;
+                spare
+            }
+            None => Box::new(delivery),
+        };
+        let job = Job { delivery, receipt };
+        if inner.queues[lane].len() < LANE_QUEUE {
+            inner.queues[lane].push_back(job);
+            None
+        } else {
+            Some(job)
+        }
     }
 
     /// Queues `job` on `lane` when it has room; hands it back when not.
@@ -77,8 +109,15 @@ impl<R> Board<R> {
         }
     }
 
-    pub(crate) fn finish(&self, done: Done<R>) {
-        self.lock().done.push_back(done);
+    /// A lane finished `done`, and returns the box its delivery came in.
+    pub(crate) fn finish(&self, done: Done<R>, spare: Option<Box<Delivery>>) {
+        let mut inner = self.lock();
+        inner.done.push_back(done);
+        if let Some(spare) = spare
+            && inner.spare.len() < SPARE_BOXES
+        {
+            inner.spare.push(spare);
+        }
     }
 
     pub(crate) fn pop_done(&self) -> Option<Done<R>> {

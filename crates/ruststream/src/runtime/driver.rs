@@ -86,9 +86,9 @@ pub(crate) struct Lanes {
     pub(crate) key: LaneKey,
 }
 
-/// A delivery handed to a lane.
+/// A delivery handed to a lane (boxed once, then moved as a pointer: see `Board`).
 pub(crate) struct Job<R> {
-    pub(crate) delivery: Delivery,
+    pub(crate) delivery: Box<Delivery>,
     pub(crate) receipt: R,
 }
 
@@ -236,7 +236,7 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
                     shared.begin();
                     let lane = pick_lane(&delivery, &lanes, &mut round_robin);
                     // A lane with room takes it at once; a full one is waited for above.
-                    if let Some(job) = board.offer(lane, Job { delivery, receipt }) {
+                    if let Some(job) = board.offer_new(lane, delivery, receipt) {
                         pending = Some((lane, job));
                     }
                 }

@@ -31,12 +31,17 @@ pub(crate) async fn run<S: Service, R: Send + 'static>(
         let Some(job) = next.await else {
             break;
         };
-        let finished = handle(&shared, job).await;
-        board.finish(finished);
+        let (finished, spare) = handle(&shared, job).await;
+        board.finish(finished, spare);
     }
 }
 
-async fn handle<S: Service, R>(shared: &Shared<S>, job: Job<R>) -> Done<R> {
+/// Runs a job; returns what to settle and, unless a delayed copy keeps it, the box the
+/// delivery came in.
+async fn handle<S: Service, R>(
+    shared: &Shared<S>,
+    job: Job<R>,
+) -> (Done<R>, Option<Box<Delivery>>) {
     let mut incoming = Incoming::new(job.delivery, Arc::clone(&shared.context));
     let mut reruns = 0;
     loop {
@@ -56,12 +61,13 @@ async fn handle<S: Service, R>(shared: &Shared<S>, job: Job<R>) -> Done<R> {
                 copy::deliver(shared, incoming.delivery(), c, plan.settle).await
             }
             Some(c) => {
-                return Done::Delayed {
+                let delayed = Done::Delayed {
                     receipt: job.receipt,
-                    delivery: Box::new(incoming.into_delivery()),
+                    delivery: incoming.into_delivery(),
                     copy: c,
                     settle: plan.settle,
                 };
+                return (delayed, None);
             }
         };
         if settle == Settle::Redeliver && shared.capabilities.redeliver_in_place {
@@ -71,15 +77,16 @@ async fn handle<S: Service, R>(shared: &Shared<S>, job: Job<R>) -> Done<R> {
             reruns += 1;
             if !copy::wait_unless_stopped(&shared.stop, RERUN_FLOOR.delay(reruns)).await {
                 // Stopping: left unsettled, the broker brings it back.
-                return Done::HandedBack;
+                return (Done::HandedBack, Some(incoming.into_delivery()));
             }
             incoming.count_attempt();
             continue;
         }
-        return Done::Settle {
+        let settled = Done::Settle {
             receipt: job.receipt,
             settle,
         };
+        return (settled, Some(incoming.into_delivery()));
     }
 }
 

@@ -1,5 +1,6 @@
-//! A cheap hasher for keys that are already well spread (delivery tags, type ids):
-//! SipHash's protection against chosen keys is not needed for keys we make ourselves.
+//! A cheap hasher for keys that are already well spread (delivery tags, sequences, type
+//! ids), for the runtime's and transports' own maps: SipHash's protection against chosen
+//! keys is not needed for keys a broker or ruststream numbers.
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
@@ -7,7 +8,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 /// Multiplies by a large odd constant (Fibonacci hashing): sequential integers land in
 /// well-spread buckets and the top bits hashbrown uses for its tags vary.
 #[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct SpreadHasher(u64);
+pub struct SpreadHasher(u64);
 
 const K: u64 = 0x9E37_79B9_7F4A_7C15;
 
@@ -29,5 +30,7 @@ impl Hasher for SpreadHasher {
     }
 }
 
-pub(crate) type SpreadMap<K, V> = HashMap<K, V, BuildHasherDefault<SpreadHasher>>;
-pub(crate) type SpreadSet<K> = HashSet<K, BuildHasherDefault<SpreadHasher>>;
+/// A `HashMap` with [`SpreadHasher`].
+pub type SpreadMap<K, V> = HashMap<K, V, BuildHasherDefault<SpreadHasher>>;
+/// A `HashSet` with [`SpreadHasher`].
+pub type SpreadSet<K> = HashSet<K, BuildHasherDefault<SpreadHasher>>;

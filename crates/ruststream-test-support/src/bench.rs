@@ -1,0 +1,174 @@
+//! What a consumer costs per message: the CPU time of the one thread it runs on, between
+//! its first and its last message, next to a raw client loop in the same process.
+//!
+//! Wall-clock rates on a shared 2-core machine move by tens of percent; the CPU time of
+//! the consuming thread moves far less, and does not count the publisher, the broker or
+//! the client's own I/O threads (librdkafka's, the NATS connection task), which a raw loop
+//! and ruststream share.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+
+/// CPU time the calling thread has run so far, in nanoseconds
+/// (`/proc/thread-self/schedstat`, kept by the scheduler to the nanosecond).
+pub fn thread_cpu_ns() -> u64 {
+    let stat = std::fs::read_to_string("/proc/thread-self/schedstat")
+        .expect("reading /proc/thread-self/schedstat");
+    stat.split_whitespace()
+        .next()
+        .and_then(|ns| ns.parse().ok())
+        .expect("a schedstat line")
+}
+
+/// The 1-minute load average, as `/proc/loadavg` says.
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_else(|| "?".to_owned())
+}
+
+/// The first and the last of `target` messages: when, and the handling thread's CPU.
+#[derive(Debug)]
+pub struct Span {
+    target: usize,
+    count: usize,
+    first: Option<(Instant, u64)>,
+    last: Option<(Instant, u64)>,
+}
+
+impl Span {
+    /// A span ending at message `target`.
+    pub fn new(target: usize) -> Arc<Mutex<Self>> {
+        Arc::new(Mutex::new(Self {
+            target,
+            count: 0,
+            first: None,
+            last: None,
+        }))
+    }
+
+    /// One message handled, on the consuming thread.
+    pub fn hit(span: &Mutex<Self>) {
+        let mut span = span.lock().unwrap_or_else(PoisonError::into_inner);
+        span.count += 1;
+        if span.count == 1 {
+            span.first = Some((Instant::now(), thread_cpu_ns()));
+        } else if span.count == span.target {
+            span.last = Some((Instant::now(), thread_cpu_ns()));
+        }
+    }
+
+    /// Waits (on the consuming thread) until `target` messages came, or none came for
+    /// `quiet` after the first one (messages lost), or `limit` passed (panics).
+    pub async fn wait(span: &Mutex<Self>, quiet: std::time::Duration, limit: std::time::Duration) {
+        let started = Instant::now();
+        let (mut seen, mut since) = (0, Instant::now());
+        loop {
+            let count = Self::count(span);
+            if count == span.lock().unwrap_or_else(PoisonError::into_inner).target {
+                return;
+            }
+            if count != seen {
+                (seen, since) = (count, Instant::now());
+            } else if count > 0 && since.elapsed() >= quiet {
+                return;
+            }
+            assert!(
+                started.elapsed() < limit,
+                "only {count} messages within {limit:?}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Messages handled so far.
+    pub fn count(span: &Mutex<Self>) -> usize {
+        span.lock().unwrap_or_else(PoisonError::into_inner).count
+    }
+
+    /// The figures, read on the consuming thread. When fewer than `target` messages came
+    /// (Core NATS drops), the span ends now, on that thread.
+    pub fn figures(span: &Mutex<Self>) -> Figures {
+        let mut span = span.lock().unwrap_or_else(PoisonError::into_inner);
+        let (t0, c0) = span.first.expect("a first message");
+        let (t1, c1) = *span
+            .last
+            .get_or_insert_with(|| (Instant::now(), thread_cpu_ns()));
+        let between = (span.count.max(2) - 1) as f64;
+        Figures {
+            cpu_ns: (c1 - c0) as f64 / between,
+            rate: between / (t1 - t0).as_secs_f64(),
+            handled: span.count,
+            expected: span.target,
+        }
+    }
+}
+
+/// Per message: the consuming thread's CPU time, and the rate.
+#[derive(Debug, Clone, Copy)]
+pub struct Figures {
+    /// CPU nanoseconds per message on the consuming thread.
+    pub cpu_ns: f64,
+    /// Messages per second, first to last.
+    pub rate: f64,
+    /// Messages handled.
+    pub handled: usize,
+    /// Messages sent.
+    pub expected: usize,
+}
+
+/// Runs `consumer` on a thread of its own, in a current-thread tokio runtime: what it
+/// spawns (an app's driver and lanes) runs on that thread too, so the thread's CPU time
+/// is the consumer's alone.
+pub async fn own_thread<T, F>(consumer: impl FnOnce() -> F + Send + 'static) -> T
+where
+    T: Send + 'static,
+    F: Future<Output = T>,
+{
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("consumer".to_owned())
+        .spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            let _ = tx.send(runtime.block_on(consumer()));
+        })
+        .expect("a consumer thread");
+    rx.await
+        .expect("the consumer thread ended without an answer")
+}
+
+/// One line comparing ruststream with the raw loop over interleaved rounds: each side's
+/// lowest CPU per message (the least disturbed round) and highest rate, and the ratios.
+pub fn report(path: &str, raw: &[Figures], framework: &[Figures], load: &str) -> String {
+    let cpu = |f: &[Figures]| f.iter().map(|f| f.cpu_ns).fold(f64::INFINITY, f64::min);
+    let rate = |f: &[Figures]| f.iter().map(|f| f.rate).fold(0.0, f64::max);
+    let rounds: Vec<String> = raw
+        .iter()
+        .zip(framework)
+        .map(|(r, f)| format!("{:.0}/{:.0}", r.cpu_ns, f.cpu_ns))
+        .collect();
+    let lost = |f: &[Figures]| -> String {
+        let lost: Vec<String> = f
+            .iter()
+            .map(|f| (f.expected - f.handled).to_string())
+            .collect();
+        lost.join("/")
+    };
+    format!(
+        "{path}: CPU ns/msg raw {:.0}, ruststream {:.0} ({:.2}x); rate raw {:.0}/s, ruststream {:.0}/s ({:.2}x); rounds raw/ruststream ns {}; lost per round raw {} ruststream {}; load {load}",
+        cpu(raw),
+        cpu(framework),
+        cpu(framework) / cpu(raw),
+        rate(raw),
+        rate(framework),
+        rate(framework) / rate(raw),
+        rounds.join(" "),
+        lost(raw),
+        lost(framework),
+    )
+}
