@@ -134,6 +134,7 @@ async fn main() {
             }
         }
     }
+    eprintln!("{RECORDS} records produced");
     let load = load_average();
     let (mut raws, mut frameworks) = (Vec::new(), Vec::new());
     for round in 0..ROUNDS {
@@ -147,6 +148,7 @@ async fn main() {
             let f = framework_side().await;
             (raw_side().await, f)
         };
+        eprintln!("round {round}: raw {r:?}, ruststream {f:?}");
         raws.push(r);
         frameworks.push(f);
     }

@@ -10,7 +10,7 @@ use tokio::task::JoinHandle;
 
 use crate::middleware::Service;
 use crate::registration::Registration;
-use crate::runtime::{Activity, Env, InFlight, Mount, Observe};
+use crate::runtime::{Env, InFlight, Mount, Observe};
 use crate::state::StateMap;
 
 /// How long running handlers get to finish on stop, unless set.
@@ -50,7 +50,6 @@ pub struct App {
     handler_timeout: Duration,
     stop_tx: watch::Sender<bool>,
     observer: Option<Arc<dyn Observe>>,
-    activity: Arc<Activity>,
 }
 
 impl Default for App {
@@ -84,7 +83,6 @@ impl App {
             handler_timeout: DEFAULT_HANDLER_TIMEOUT,
             stop_tx: watch::channel(false).0,
             observer: None,
-            activity: Arc::default(),
         }
     }
 
@@ -134,10 +132,6 @@ impl App {
         self
     }
 
-    pub(crate) fn activity(&self) -> Arc<Activity> {
-        Arc::clone(&self.activity)
-    }
-
     /// Every violation of every registration (SPEC E4), without opening anything.
     pub fn validate(&self) -> Result<(), StartError> {
         let app_rules = self.handler_timeout.is_zero().then(|| Violation {
@@ -174,7 +168,6 @@ impl App {
             close_timeout: self.close_timeout,
             handler_timeout: self.handler_timeout,
             observer: self.observer,
-            activity: self.activity,
         };
         let mut drivers = Vec::with_capacity(self.mounts.len());
         let mut in_flight = Vec::with_capacity(self.mounts.len());

@@ -5,6 +5,7 @@
 //! instructions per delivery each.)
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use ruststream_core::Delivery;
@@ -23,6 +24,9 @@ const SPARE_BOXES: usize = 64;
 
 pub(crate) struct Board<R> {
     inner: Mutex<Inner<R>>,
+    /// How many finished jobs wait in `done`: the driver looks here on every pass
+    /// without taking the lock.
+    finished: AtomicUsize,
 }
 
 struct Inner<R> {
@@ -52,6 +56,7 @@ impl<R> Board<R> {
                 spare: Vec::new(),
                 closed: false,
             }),
+            finished: AtomicUsize::new(0),
         }
     }
 
@@ -118,14 +123,22 @@ impl<R> Board<R> {
         {
             inner.spare.push(spare);
         }
+        self.finished.fetch_add(1, Ordering::Release);
     }
 
     pub(crate) fn pop_done(&self) -> Option<Done<R>> {
-        self.lock().done.pop_front()
+        if !self.has_done() {
+            return None;
+        }
+        let done = self.lock().done.pop_front();
+        if done.is_some() {
+            self.finished.fetch_sub(1, Ordering::Relaxed);
+        }
+        done
     }
 
     pub(crate) fn has_done(&self) -> bool {
-        !self.lock().done.is_empty()
+        self.finished.load(Ordering::Acquire) > 0
     }
 
     /// No more jobs: lanes end once their queues are empty.

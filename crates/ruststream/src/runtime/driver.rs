@@ -17,7 +17,7 @@ use tokio::time::{Instant, sleep_until};
 
 use super::board::Board;
 use super::refusals::Refusals;
-use super::{Activity, InFlight, Observe, copy, lane};
+use super::{InFlight, Observe, copy, lane};
 use crate::backoff::Backoff;
 use crate::extract::Context;
 use crate::middleware::Service;
@@ -55,7 +55,6 @@ pub(crate) struct Shared<S> {
     /// The app's stop signal: waits on a refused copy end at once when it comes.
     pub(crate) stop: watch::Receiver<bool>,
     pub(crate) observer: Option<Arc<dyn Observe>>,
-    pub(crate) activity: Arc<Activity>,
     /// This subscription's deliveries fetched and not settled.
     pub(crate) in_flight: Arc<InFlight>,
     /// Fetching pauses while this many are in flight (SPEC G5).
@@ -64,12 +63,10 @@ pub(crate) struct Shared<S> {
 
 impl<S> Shared<S> {
     fn begin(&self) {
-        self.activity.begin();
         self.in_flight.count.fetch_add(1, Ordering::Relaxed);
     }
 
     fn end(&self) {
-        self.activity.end();
         self.in_flight.count.fetch_sub(1, Ordering::Relaxed);
     }
 }

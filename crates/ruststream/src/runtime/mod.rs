@@ -25,24 +25,6 @@ use crate::state::StateMap;
 pub(crate) use driver::Shared;
 pub(crate) use unwind::quiet_handler_panics;
 
-/// Deliveries fetched and not yet settled, across the app (the test harness waits for 0).
-#[derive(Debug, Default)]
-pub(crate) struct Activity {
-    in_flight: AtomicUsize,
-}
-
-impl Activity {
-    pub(crate) fn begin(&self) {
-        self.in_flight.fetch_add(1, Ordering::SeqCst);
-    }
-    pub(crate) fn end(&self) {
-        self.in_flight.fetch_sub(1, Ordering::SeqCst);
-    }
-    pub(crate) fn in_flight(&self) -> usize {
-        self.in_flight.load(Ordering::SeqCst)
-    }
-}
-
 /// One subscription's deliveries fetched and not settled yet (SPEC G5, G6).
 #[derive(Debug)]
 pub(crate) struct InFlight {
@@ -85,7 +67,6 @@ pub(crate) struct Env {
     pub(crate) close_timeout: Duration,
     pub(crate) handler_timeout: Duration,
     pub(crate) observer: Option<Arc<dyn Observe>>,
-    pub(crate) activity: Arc<Activity>,
 }
 
 /// A registration with its types erased, as the app holds it.
@@ -145,7 +126,6 @@ impl<D: Descriptor, S: Service> Mount for Registration<D, S> {
                 refusals: refusals::Refusals::default(),
                 stop: env.stop.clone(),
                 observer: env.observer,
-                activity: env.activity,
                 in_flight: Arc::clone(&in_flight),
                 max_in_flight: this.options.max_in_flight,
                 registration,

@@ -38,7 +38,7 @@ use crate::app::{App, Running, StartError};
 use crate::handler::Completion;
 use crate::memory::MemoryBroker;
 use crate::publisher::Publisher;
-use crate::runtime::{Activity, Handled, Observe};
+use crate::runtime::{Handled, Observe};
 
 /// How long [`TestApp::settled`] waits, in (virtual) time, before it gives up.
 pub const SETTLE_LIMIT: Duration = Duration::from_secs(3600);
@@ -99,7 +99,6 @@ pub struct TestApp {
     broker: MemoryBroker,
     running: Running,
     recorder: Arc<Recorder>,
-    activity: Arc<Activity>,
 }
 
 impl std::fmt::Debug for TestApp {
@@ -118,13 +117,11 @@ impl TestApp {
         *recorder.started.lock().unwrap_or_else(|p| p.into_inner()) =
             Some(tokio::time::Instant::now());
         let app = app.observe(Arc::clone(&recorder) as Arc<dyn Observe>);
-        let activity = app.activity();
         let running = app.start().await?;
         Ok(Self {
             broker: broker.clone(),
             running,
             recorder,
-            activity,
         })
     }
 
@@ -146,7 +143,7 @@ impl TestApp {
         let give_up = tokio::time::Instant::now() + SETTLE_LIMIT;
         let mut quiet_checks = 0;
         loop {
-            if self.broker.is_idle() && self.activity.in_flight() == 0 {
+            if self.broker.is_idle() && self.running.in_flight() == 0 {
                 quiet_checks += 1;
                 if quiet_checks >= 3 {
                     return;
@@ -158,7 +155,7 @@ impl TestApp {
             assert!(
                 tokio::time::Instant::now() < give_up,
                 "the app did not settle within {SETTLE_LIMIT:?}: {} in flight",
-                self.activity.in_flight()
+                self.running.in_flight()
             );
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
