@@ -25,6 +25,14 @@ impl Hasher for SpreadHasher {
         self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(K);
     }
 
+    fn write_u32(&mut self, n: u32) {
+        self.write_u64(u64::from(n));
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.write_u64(n as u64);
+    }
+
     fn finish(&self) -> u64 {
         self.0
     }

@@ -123,14 +123,19 @@ async fn main() {
         )
         .await
         .expect("topic");
-    let publisher = kafka.publisher();
-    let headers = Headers::new();
-    let mut sends = Vec::with_capacity(1000);
+    // Sent 1,000 at a time, concurrently (each send waits for its delivery report).
+    let mut sends = tokio::task::JoinSet::new();
     for i in 0..RECORDS {
-        sends.push(publisher.send(&topic, None, &headers, PAYLOAD, None));
+        let (publisher, topic) = (kafka.publisher(), topic.clone());
+        sends.spawn(async move {
+            publisher
+                .send(&topic, None, &Headers::new(), PAYLOAD, None)
+                .await
+                .map(drop)
+        });
         if sends.len() == 1000 || i + 1 == RECORDS {
-            for result in futures_join(std::mem::take(&mut sends)).await {
-                result.expect("produced");
+            while let Some(sent) = sends.join_next().await {
+                sent.expect("a send task").expect("produced");
             }
         }
     }
@@ -162,13 +167,4 @@ async fn main() {
             &format!("{load} at start, {} at end", load_average())
         )
     );
-}
-
-/// Awaits every future, in order (sends are already in flight inside librdkafka).
-async fn futures_join<F: std::future::Future>(futures: Vec<F>) -> Vec<F::Output> {
-    let mut out = Vec::with_capacity(futures.len());
-    for f in futures {
-        out.push(f.await);
-    }
-    out
 }

@@ -10,6 +10,7 @@ use futures_util::StreamExt;
 use pulsar::TokioExecutor;
 use pulsar::consumer::{Consumer, ConsumerBuilder};
 use pulsar::message::proto::MessageIdData;
+use ruststream_core::hash::SpreadMap;
 use ruststream_core::{
     AckError, Attempt, Delivery, Headers, Metadata, Settle, SubscribeError, Subscription,
 };
@@ -73,11 +74,12 @@ pub struct PulsarSubscription {
     address: Arc<str>,
     counts: bool,
     max_attempts: Option<u32>,
-    attempts: HashMap<IdKey, u32>,
+    attempts: SpreadMap<IdKey, u32>,
     held: BinaryHeap<Reverse<Held>>,
     /// The held waits of a lost consumer, by message id: when each is due.
-    waits: HashMap<IdKey, Instant>,
+    waits: SpreadMap<IdKey, Instant>,
     topics: HashMap<String, Arc<str>>,
+    last_topic: Arc<str>,
 }
 
 impl std::fmt::Debug for PulsarSubscription {
@@ -103,20 +105,27 @@ impl PulsarSubscription {
             address: Arc::from(address),
             counts,
             max_attempts,
-            attempts: HashMap::new(),
+            attempts: SpreadMap::default(),
             held: BinaryHeap::new(),
-            waits: HashMap::new(),
+            waits: SpreadMap::default(),
             topics: HashMap::new(),
+            last_topic: Arc::from(""),
         }
     }
 
     fn topic(&mut self, name: &str) -> Arc<str> {
-        if let Some(topic) = self.topics.get(name) {
-            return Arc::clone(topic);
+        // Messages mostly come from the topic of the one before.
+        if *self.last_topic != *name {
+            self.last_topic = match self.topics.get(name) {
+                Some(topic) => Arc::clone(topic),
+                None => {
+                    let topic: Arc<str> = Arc::from(name);
+                    self.topics.insert(name.to_owned(), Arc::clone(&topic));
+                    topic
+                }
+            };
         }
-        let topic: Arc<str> = Arc::from(name);
-        self.topics.insert(name.to_owned(), Arc::clone(&topic));
-        topic
+        Arc::clone(&self.last_topic)
     }
 
     /// The consumer, subscribing again first when the last one's stream ended.
