@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{
-    Script, brokers, create_topic, eventually, forward_later, handler, kafka, logs, produce, topic,
-    unique,
+    Script, assert_waited, brokers, create_topic, eventually, forward_later, handler, kafka,
+    produce, topic, unique,
 };
 use ruststream::{App, HandlerOutcome, Headers, StartError, on};
 use ruststream_kafka::{Commit, Kafka, StartAt};
@@ -274,16 +274,6 @@ async fn g5_transactional_windows_still_commit_while_at_max_in_flight() {
     app.stop().await;
 }
 
-/// The WARN lines of a waiting start, and the INFO once through.
-fn waited(address: &str) -> (usize, bool) {
-    let logs = logs();
-    let warnings = logs
-        .lines()
-        .filter(|l| l.contains("WARN") && l.contains("waiting for it") && l.contains(address))
-        .count();
-    (warnings, logs.contains("the broker answers; starting"))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn g7_a_waiting_start_warns_once_per_interval_and_starts_when_the_cluster_comes() {
     let kafka = kafka().await;
@@ -311,17 +301,7 @@ async fn g7_a_waiting_start_warns_once_per_interval_and_starts_when_the_cluster_
     })
     .await;
     app.stop().await;
-    let (warnings, through) = waited(&address);
-    assert!(
-        took >= Duration::from_secs(5),
-        "started after {took:?}, before the cluster listened"
-    );
-    assert!(
-        (1..=4).contains(&warnings),
-        "one WARN per 2 s over 5 s, got {warnings}:\n{}",
-        logs()
-    );
-    assert!(through, "an INFO once through");
+    let warnings = assert_waited(&address, took, Duration::from_secs(5));
     println!(
         "RELIABILITY|Kafka (every commit mode)|guard rail: Kafka::wait_for_cluster(warn every 2 s), cluster answering only after 5 s: started after {:.1} s with {warnings} WARN line(s) naming the address, then the record handled|none|none|none",
         took.as_secs_f64()

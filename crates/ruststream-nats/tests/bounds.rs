@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{Script, create_stream, eventually, forward_later, handler, logs, nats, unique};
+use common::{
+    Script, assert_waited, create_stream, eventually, forward_later, handler, logs, nats, unique,
+};
 use ruststream::{App, HandlerOutcome, Headers, on};
 use ruststream_nats::{Nats, StartAt};
 
@@ -126,16 +128,6 @@ async fn g7_core_slow_consumer_drops_are_counted_and_reported() {
     );
 }
 
-/// The WARN lines of a waiting start, and the INFO once through.
-fn waited(address: &str) -> (usize, bool) {
-    let logs = logs();
-    let warnings = logs
-        .lines()
-        .filter(|l| l.contains("WARN") && l.contains("waiting for it") && l.contains(address))
-        .count();
-    (warnings, logs.contains("the broker answers; starting"))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn g7_a_waiting_start_warns_once_per_interval_and_connects_when_the_server_comes() {
     let _ = nats().await; // captures logs
@@ -168,17 +160,7 @@ async fn g7_a_waiting_start_warns_once_per_interval_and_connects_when_the_server
     })
     .await;
     app.stop().await;
-    let (warnings, through) = waited(&address);
-    assert!(
-        took >= Duration::from_secs(5),
-        "connected after {took:?}, before the server listened"
-    );
-    assert!(
-        (1..=4).contains(&warnings),
-        "one WARN per 2 s over 5 s, got {warnings}:\n{}",
-        logs()
-    );
-    assert!(through, "an INFO once through");
+    let warnings = assert_waited(&address, took, Duration::from_secs(5));
     println!(
         "RELIABILITY|NATS Core and JetStream|guard rail: Nats::connect_waiting(warn every 2 s), server listening only after 5 s: connected after {:.1} s with {warnings} WARN line(s) naming the address, then a message handled|none|none|none",
         took.as_secs_f64()

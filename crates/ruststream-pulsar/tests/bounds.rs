@@ -5,7 +5,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{Script, eventually, handler, logs, pulsar, relay, unique};
+use common::{Script, assert_waited, eventually, handler, pulsar, relay, unique};
 use ruststream::{App, HandlerOutcome, Headers, on};
 use ruststream_pulsar::{Pulsar, StartAt};
 
@@ -112,16 +112,6 @@ async fn g5_held_retry_after_waits_stop_fetching_at_max_in_flight() {
     );
 }
 
-/// The WARN lines of a waiting start, and the INFO once through.
-fn waited(address: &str) -> (usize, bool) {
-    let logs = logs();
-    let warnings = logs
-        .lines()
-        .filter(|l| l.contains("WARN") && l.contains("waiting for it") && l.contains(address))
-        .count();
-    (warnings, logs.contains("the broker answers; starting"))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn g7_a_waiting_start_warns_once_per_interval_and_connects_when_the_broker_comes() {
     let _ = pulsar().await; // captures logs
@@ -153,17 +143,7 @@ async fn g7_a_waiting_start_warns_once_per_interval_and_connects_when_the_broker
     })
     .await;
     app.stop().await;
-    let (warnings, through) = waited(&address);
-    assert!(
-        took >= Duration::from_secs(5),
-        "connected after {took:?}, before the broker listened"
-    );
-    assert!(
-        (1..=4).contains(&warnings),
-        "one WARN per 2 s over 5 s, got {warnings}:\n{}",
-        logs()
-    );
-    assert!(through, "an INFO once through");
+    let warnings = assert_waited(&address, took, Duration::from_secs(5));
     println!(
         "RELIABILITY|Pulsar|guard rail: Pulsar::connect_waiting(warn every 2 s), broker listening only after 5 s: connected after {:.1} s with {warnings} WARN line(s) naming the address, then a message handled|none|none|none",
         took.as_secs_f64()

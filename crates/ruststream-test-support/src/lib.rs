@@ -188,6 +188,30 @@ pub fn capture_logs(filter: &str) {
         .try_init();
 }
 
+/// Checks a waiting start (SPEC G7) that warns every 2 s: it went through no sooner than
+/// `late` (when the broker began to listen), logged between 1 and 4 WARN lines naming
+/// `address` meanwhile, and one INFO once through. Returns how many WARN lines.
+pub fn assert_waited(address: &str, took: Duration, late: Duration) -> usize {
+    let logs = logs();
+    let warnings = logs
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("waiting for it") && l.contains(address))
+        .count();
+    assert!(
+        took >= late,
+        "through after {took:?}, before the broker listened"
+    );
+    assert!(
+        (1..=4).contains(&warnings),
+        "one WARN per 2 s over {late:?}, got {warnings}:\n{logs}"
+    );
+    assert!(
+        logs.contains("the broker answers; starting"),
+        "an INFO once through"
+    );
+    warnings
+}
+
 /// A plain TCP forwarder to `to` (`host:port`) on a free local port, listening only once
 /// `after` passed (a broker that comes up late). Returns its address.
 pub async fn forward_later(to: String, after: Duration) -> std::net::SocketAddr {

@@ -14,7 +14,8 @@ use ruststream_kafka::rdkafka::consumer::{BaseConsumer, Consumer};
 use ruststream_kafka::rdkafka::message::{Headers as _, Message};
 use ruststream_kafka::rdkafka::{Offset, TopicPartitionList};
 pub use ruststream_test_support::{
-    Script, Seen, capture_logs, eventually, forward_later, handler, logs, unique_suffix,
+    Script, Seen, assert_waited, capture_logs, eventually, forward_later, handler, logs,
+    unique_suffix,
 };
 
 pub fn brokers() -> String {

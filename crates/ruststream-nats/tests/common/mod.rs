@@ -4,7 +4,8 @@
 use ruststream_nats::Nats;
 use ruststream_nats::async_nats::jetstream::{self, stream};
 pub use ruststream_test_support::{
-    Script, Seen, capture_logs, eventually, forward_later, handler, logs, unique_suffix,
+    Script, Seen, assert_waited, capture_logs, eventually, forward_later, handler, logs,
+    unique_suffix,
 };
 
 /// The server the project's test command started. A missing server fails the test.

@@ -6,7 +6,8 @@ pub use ruststream_test_support::pulsar_relay as relay;
 
 use ruststream_pulsar::Pulsar;
 pub use ruststream_test_support::{
-    Script, Seen, capture_logs, eventually, forward_later, handler, logs, unique_suffix,
+    Script, Seen, assert_waited, capture_logs, eventually, forward_later, handler, logs,
+    unique_suffix,
 };
 
 /// pulsar-lite, reached through a relay that adds the checksum section its message

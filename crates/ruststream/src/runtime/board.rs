@@ -69,24 +69,17 @@ impl<R> Board<R> {
         self.lock().queues[lane].len() < LANE_QUEUE
     }
 
-    /// Boxes a fetched delivery (in a spare box when there is one) and queues it on
-    /// `lane` when it has room; hands the job back when not.
-    pub(crate) fn offer_new(&self, lane: usize, delivery: Delivery, receipt: R) -> Option<Job<R>> {
-        let mut inner = self.lock();
-        let delivery = match inner.spare.pop() {
+    /// A job for a fetched delivery, boxed in a spare box when there is one.
+    pub(crate) fn job(&self, delivery: Delivery, receipt: R) -> Job<R> {
+        let spare = self.lock().spare.pop();
+        let delivery = match spare {
             Some(mut spare) => {
                 *spare = delivery;
                 spare
             }
             None => Box::new(delivery),
         };
-        let job = Job { delivery, receipt };
-        if inner.queues[lane].len() < LANE_QUEUE {
-            inner.queues[lane].push_back(job);
-            None
-        } else {
-            Some(job)
-        }
+        Job { delivery, receipt }
     }
 
     /// Queues `job` on `lane` when it has room; hands it back when not.

@@ -224,16 +224,16 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
                     pending = Some((lane, job));
                 }
             }
-            next = subscription.next(), if pending.is_none() && room => match next {
-                Some(Ok((delivery, receipt))) => {
+            next = fetch(&mut subscription, &board), if pending.is_none() && room => match next {
+                Some(Ok(job)) => {
                     if fetch_errors.last.is_some() {
                         // Fetching works again: the next failure is news.
                         fetch_errors = FetchErrors::default();
                     }
                     shared.begin();
-                    let lane = pick_lane(&delivery, &lanes, &mut round_robin);
+                    let lane = pick_lane(&job.delivery, &lanes, &mut round_robin);
                     // A lane with room takes it at once; a full one is waited for above.
-                    if let Some(job) = board.offer_new(lane, delivery, receipt) {
+                    if let Some(job) = board.offer(lane, job) {
                         pending = Some((lane, job));
                     }
                 }
@@ -351,6 +351,20 @@ async fn drain_and_close<Sub: Subscription, S: Service>(
             "closing the subscription timed out; left behind"
         );
     }
+}
+
+/// The next delivery, already boxed: what travels through the loop's `select!` is then a
+/// pointer and a receipt, not the whole delivery.
+async fn fetch<Sub: Subscription>(
+    subscription: &mut Sub,
+    board: &Board<Sub::Receipt>,
+) -> Option<Result<Job<Sub::Receipt>, ruststream_core::SubscribeError>> {
+    Some(
+        subscription
+            .next()
+            .await?
+            .map(|(delivery, receipt)| board.job(delivery, receipt)),
+    )
 }
 
 /// Ready once a lane has finished work on the board (no waker: see `drive`).
