@@ -33,8 +33,19 @@ struct Tick {
 }
 
 const PAYLOAD: &[u8] = br#"{"id":123456,"price":4200,"qty":7,"buy":true}"#;
-const RECORDS: usize = 100_000;
-const ROUNDS: usize = 3;
+/// Records per side and rounds; `BENCH_RECORDS` and `BENCH_ROUNDS` change them (a
+/// callgrind run of the framework side wants fewer).
+static RECORDS: std::sync::LazyLock<usize> =
+    std::sync::LazyLock::new(|| from_env("BENCH_RECORDS", 100_000));
+static ROUNDS: std::sync::LazyLock<usize> =
+    std::sync::LazyLock::new(|| from_env("BENCH_ROUNDS", 3));
+
+fn from_env(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
 
 async fn handle(
     Message(tick): Message<Tick>,
@@ -64,8 +75,8 @@ async fn raw(brokers: String, topic: String, group: String) -> Figures {
         .create()
         .expect("consumer");
         consumer.subscribe(&[&topic]).expect("subscribe");
-        let span = Span::new(RECORDS);
-        while Span::count(&span) < RECORDS {
+        let span = Span::new(*RECORDS);
+        while Span::count(&span) < *RECORDS {
             let m = consumer.recv().await.expect("record");
             let tick: Tick = serde_json::from_slice(m.payload().unwrap()).expect("decodes");
             std::hint::black_box(tick);
@@ -80,7 +91,7 @@ async fn raw(brokers: String, topic: String, group: String) -> Figures {
 
 async fn framework(kafka: Kafka, topic: String, group: String) -> Figures {
     own_thread(move || async move {
-        let span = Span::new(RECORDS);
+        let span = Span::new(*RECORDS);
         let running = App::new()
             .state(Arc::clone(&span))
             .register(on(
@@ -96,7 +107,7 @@ async fn framework(kafka: Kafka, topic: String, group: String) -> Figures {
             .await
             .expect("start");
         let deadline = Instant::now() + Duration::from_secs(300);
-        while Span::count(&span) < RECORDS {
+        while Span::count(&span) < *RECORDS {
             assert!(Instant::now() < deadline, "not all records handled");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
@@ -125,7 +136,7 @@ async fn main() {
         .expect("topic");
     // Sent 1,000 at a time, concurrently (each send waits for its delivery report).
     let mut sends = tokio::task::JoinSet::new();
-    for i in 0..RECORDS {
+    for i in 0..*RECORDS {
         let (publisher, topic) = (kafka.publisher(), topic.clone());
         sends.spawn(async move {
             publisher
@@ -133,16 +144,16 @@ async fn main() {
                 .await
                 .map(drop)
         });
-        if sends.len() == 1000 || i + 1 == RECORDS {
+        if sends.len() == 1000 || i + 1 == *RECORDS {
             while let Some(sent) = sends.join_next().await {
                 sent.expect("a send task").expect("produced");
             }
         }
     }
-    eprintln!("{RECORDS} records produced");
+    eprintln!("{} records produced", *RECORDS);
     let load = load_average();
     let (mut raws, mut frameworks) = (Vec::new(), Vec::new());
-    for round in 0..ROUNDS {
+    for round in 0..*ROUNDS {
         // Each side reads the whole topic as a group of its own; alternate who goes first.
         let raw_side = || raw(brokers.clone(), topic.clone(), format!("raw-{round}"));
         let framework_side = || framework(kafka.clone(), topic.clone(), format!("fw-{round}"));
@@ -161,7 +172,7 @@ async fn main() {
     println!(
         "{}",
         report(
-            &format!("kafka/consume (Tracked, ack, {RECORDS} records)"),
+            &format!("kafka/consume (Tracked, ack, {} records)", *RECORDS),
             &raws,
             &frameworks,
             &format!("{load} at start, {} at end", load_average())
