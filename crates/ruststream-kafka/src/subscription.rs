@@ -159,6 +159,10 @@ impl Book {
 
 type Consumer_ = Arc<StreamConsumer<TrackingContext>>;
 
+/// Records a subscription holds that were polled at `max_in_flight` (from partitions not
+/// paused yet) before it stops polling: a pause that does not hold cannot grow memory.
+const EARLY_LIMIT: usize = 64;
+
 /// What one poll of the consumer gave.
 enum Polled<'c> {
     Record(KafkaResult<BorrowedMessage<'c>>),
@@ -348,18 +352,24 @@ impl KafkaSubscription {
             let (topic, partition) = (element.topic(), element.partition());
             if self.paused.find_partition(topic, partition).is_none() {
                 fresh.add_partition(topic, partition);
-                self.paused.add_partition(topic, partition);
             }
         }
         if fresh.count() == 0 {
             return;
         }
         match consumer.pause(&fresh) {
-            Ok(()) => tracing::debug!(
-                address = &*self.address,
-                partitions = fresh.count(),
-                "max_in_flight reached; partitions paused"
-            ),
+            Ok(()) => {
+                tracing::debug!(
+                    address = &*self.address,
+                    partitions = fresh.count(),
+                    "max_in_flight reached; partitions paused"
+                );
+                for element in fresh.elements() {
+                    self.paused
+                        .add_partition(element.topic(), element.partition());
+                }
+            }
+            // Not marked paused: tried again on the next round.
             Err(e) => {
                 tracing::warn!(address = &*self.address, error = %e, "pausing partitions at max_in_flight failed")
             }
@@ -452,12 +462,25 @@ impl Subscription for KafkaSubscription {
         let Some(consumer) = self.consumer.clone() else {
             return std::future::pending().await;
         };
+        if self.early.len() >= EARLY_LIMIT {
+            // Pausing does not hold (the client refuses it): stop polling rather than
+            // hold records without bound, until deliveries settle.
+            return std::future::pending().await;
+        }
         self.pause(&consumer);
         match self.poll(&consumer).await {
             Polled::Record(Ok(message)) => {
-                // From a partition assigned since the last pause; it is paused next round.
+                // From a partition assigned since the last pause (paused next round), or
+                // one whose pause failed (tried again next round).
                 let early = self.handed_over(&consumer, &message);
                 self.early.push_back(early);
+                if self.early.len() == EARLY_LIMIT {
+                    tracing::warn!(
+                        address = &*self.address,
+                        held = EARLY_LIMIT,
+                        "partitions keep delivering at max_in_flight although paused; polling stops until deliveries settle"
+                    );
+                }
             }
             Polled::Record(Err(e)) => {
                 tracing::debug!(address = &*self.address, error = %e, "polling at max_in_flight failed");

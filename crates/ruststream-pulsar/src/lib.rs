@@ -142,6 +142,8 @@ impl Pulsar {
     /// Like [`Pulsar::connect`], but a broker that does not answer is waited for (SPEC G7,
     /// opt-in): one WARN per `warn_every` names the address and the time waited, and
     /// attempts go on (each within `warn_every`, at most 10 s) until the broker answers.
+    /// Every error is waited out: the client's errors do not tell an unreachable broker
+    /// from a URL or credentials it refuses, so check the URL when the WARN repeats.
     pub async fn connect_waiting(
         url: &str,
         warn_every: std::time::Duration,

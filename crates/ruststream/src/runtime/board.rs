@@ -19,8 +19,12 @@ pub(crate) const LANE_QUEUE: usize = 1;
 /// Boxes kept for the next deliveries. A delivery (about 180 bytes) is moved into a box
 /// once, when fetched, and travels as a pointer from there to the lane, the handler's
 /// extractors and back; a finished lane returns its box here, so the steady state
-/// allocates nothing. More than the lanes ever hold at once is never needed.
-const SPARE_BOXES: usize = 64;
+/// allocates nothing. A spare box keeps its last delivery (and payload) until reused, so
+/// no more are kept than the lanes hold at once (each lane's queue and running delivery,
+/// and one waiting for room).
+fn spare_boxes(lanes: usize) -> usize {
+    lanes * (LANE_QUEUE + 1) + 1
+}
 
 pub(crate) struct Board<R> {
     inner: Mutex<Inner<R>>,
@@ -35,6 +39,7 @@ struct Inner<R> {
     // The boxes themselves are the point: they are handed out again, not their contents.
     #[allow(clippy::vec_box)]
     spare: Vec<Box<Delivery>>,
+    spare_cap: usize,
     closed: bool,
 }
 
@@ -54,6 +59,7 @@ impl<R> Board<R> {
                     .collect(),
                 done: VecDeque::with_capacity(lanes * (LANE_QUEUE + 1)),
                 spare: Vec::new(),
+                spare_cap: spare_boxes(lanes),
                 closed: false,
             }),
             finished: AtomicUsize::new(0),
@@ -112,7 +118,7 @@ impl<R> Board<R> {
         let mut inner = self.lock();
         inner.done.push_back(done);
         if let Some(spare) = spare
-            && inner.spare.len() < SPARE_BOXES
+            && inner.spare.len() < inner.spare_cap
         {
             inner.spare.push(spare);
         }
