@@ -5,7 +5,7 @@
 use std::collections::hash_map::DefaultHasher;
 use std::future::{Future, poll_fn};
 use std::hash::{Hash, Hasher};
-use std::pin::{Pin, pin};
+use std::pin::pin;
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep_until};
 
-use super::board::Board;
+use super::lanes::{Finished, Lanes as LaneSet};
 use super::refusals::Refusals;
 use super::{InFlight, Observe, copy, lane};
 use crate::backoff::Backoff;
@@ -105,12 +105,24 @@ pub(crate) enum Done<R> {
     HandedBack,
 }
 
-type LaneFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Timers {
     Waiting,
     Stopping,
+}
+
+/// What one pass of the driver's loop found to do, in the order it looks.
+enum Event<R> {
+    /// A lane finished a delivery.
+    Finished(Done<R>),
+    /// A delayed copy's timer ran.
+    Timer(Done<R>),
+    Stop,
+    /// The subscription's idle upkeep at the bound returned.
+    Idle,
+    Fetched(Job<R>),
+    FetchFailed(ruststream_core::SubscribeError),
+    Ended,
 }
 
 pub(crate) async fn drive<Sub: Subscription, S: Service>(
@@ -123,30 +135,19 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
     // Lanes are futures polled by this task, not tasks of their own: handing a delivery
     // to a lane and getting its settlement back then costs no cross-thread wake-up. Lanes
     // run concurrently (a handler waiting on I/O lets the others run), on one thread.
-    let board = Arc::new(Board::<Sub::Receipt>::new(lanes.count));
-    let mut lane_futures: Vec<LaneFuture> = (0..lanes.count)
-        .map(|lane| -> LaneFuture {
-            Box::pin(lane::run(Arc::clone(&shared), Arc::clone(&board), lane))
-        })
-        .collect();
-    let mut lanes_running = poll_fn(move |cx| {
-        lane_futures.retain_mut(|lane| lane.as_mut().poll(cx).is_pending());
-        if lane_futures.is_empty() {
-            Poll::Ready(())
-        } else {
-            Poll::Pending
-        }
-    });
-    // Finished work and lane room appear only while this task polls its lanes, which it
-    // does first on every pass; these need no waker either.
-    let finished = || finished(&board);
+    let shared_ref: &Shared<S> = &shared;
+    let mut set = LaneSet::new(lanes.count, move |job| lane::handle(shared_ref, job));
     let mut timers: JoinSet<Done<Sub::Receipt>> = JoinSet::new();
     let (timers_tx, timers_rx) = watch::channel(Timers::Waiting);
     let mut pending: Option<(usize, Job<Sub::Receipt>)> = None;
     let mut round_robin = 0usize;
 
     // One waiter for the whole loop (it also sees a stop asked before the start, and a
-    // dropped app, whose sender is gone).
+    // dropped app, whose sender is gone). It is polled when the probe says the signal
+    // changed (first pass included), and before the loop waits; the probe is one atomic
+    // load per pass.
+    let mut probe = stop.clone();
+    probe.mark_changed();
     let mut stopped = pin!(async move {
         while !*stop.borrow_and_update() {
             if stop.changed().await.is_err() {
@@ -157,9 +158,9 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
     let mut at_bound = false;
     let mut fetch_errors = FetchErrors::default();
     loop {
-        let lane = pending.as_ref().map_or(0, |(lane, _)| *lane);
         // At the bound nothing more is fetched until deliveries settle (G5): running,
-        // queued, waiting for a delayed copy, or held by the subscription itself.
+        // queued, waiting for a delayed copy, or held by the subscription itself. The
+        // subscription then only keeps up what it must (an EOS window's commit).
         let room = shared.in_flight.count() + subscription.holding() < shared.max_in_flight;
         if room == at_bound {
             at_bound = !room;
@@ -174,104 +175,125 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
                 }
             );
         }
-        if !room && pending.is_none() {
-            // At the bound: nothing is fetched; the subscription only keeps up what it
-            // must (an EOS window's commit) while deliveries settle. A loop of its own, so
-            // the common path's select stays as it is.
-            tokio::select! {
-                biased;
-                () = &mut lanes_running => {
-                    tracing::error!(registration = &*shared.registration, "the lanes ended unexpectedly");
-                    break;
+        // The common case is a straight line: a lane done, settled; a delivery fetched,
+        // started on its lane; no select, no queue shared with anyone.
+        let waiting = pending.is_some();
+        // The fetch lives as long as this pass waits (it holds the waker the broker
+        // wakes), and is dropped, like a select! branch, once something else comes first.
+        let event = {
+            let mut fetch = pin!(async {
+                if waiting {
+                    std::future::pending::<()>().await;
                 }
-                () = finished() => {
-                    while let Some(done) = board.pop_done() {
-                        apply(&mut subscription, &shared, done, &mut timers, &timers_rx).await;
-                    }
+                if room {
+                    Some(subscription.next().await)
+                } else {
+                    subscription.idle().await;
+                    None
                 }
-                Some(joined) = timers.join_next(), if !timers.is_empty() => {
-                    if let Ok(done) = joined {
-                        apply(&mut subscription, &shared, done, &mut timers, &timers_rx).await;
-                    }
+            });
+            poll_fn(|cx| {
+                if let Poll::Ready(done) = set.poll_finished(cx) {
+                    return Poll::Ready(Event::Finished(done));
                 }
-                () = &mut stopped => break,
-                () = subscription.idle() => {}
-            }
-            continue;
-        }
-        tokio::select! {
-            biased;
-            () = &mut lanes_running => {
-                tracing::error!(registration = &*shared.registration, "the lanes ended unexpectedly");
-                break;
-            }
-            () = finished() => {
-                // Settle everything already finished before going round the loop again.
-                while let Some(done) = board.pop_done() {
-                    apply(&mut subscription, &shared, done, &mut timers, &timers_rx).await;
-                }
-            }
-            Some(joined) = timers.join_next(), if !timers.is_empty() => {
-                if let Ok(done) = joined {
-                    apply(&mut subscription, &shared, done, &mut timers, &timers_rx).await;
-                }
-            }
-            () = &mut stopped => break,
-            () = poll_fn(|_| if board.has_room(lane) { Poll::Ready(()) } else { Poll::Pending }), if pending.is_some() => {
-                if let Some((lane, job)) = pending.take()
-                    && let Some(job) = board.offer(lane, job)
+                if !timers.is_empty()
+                    && let Poll::Ready(Some(joined)) = timers.poll_join_next(cx)
                 {
+                    // A timer that panicked or was aborted leaves nothing to settle.
+                    if let Ok(done) = joined {
+                        return Poll::Ready(Event::Timer(done));
+                    }
+                }
+                if probe.has_changed().unwrap_or(true) {
+                    // Marked seen before the poll: a stop asked after it shows on the next pass.
+                    probe.mark_unchanged();
+                    if stopped.as_mut().poll(cx).is_ready() {
+                        return Poll::Ready(Event::Stop);
+                    }
+                }
+                if let Poll::Ready(fetched) = fetch.as_mut().poll(cx) {
+                    return Poll::Ready(match fetched {
+                        Some(Some(Ok((delivery, receipt)))) => {
+                            Event::Fetched(set.job(delivery, receipt))
+                        }
+                        Some(Some(Err(error))) => Event::FetchFailed(error),
+                        Some(None) => Event::Ended,
+                        None => Event::Idle,
+                    });
+                }
+                // Nothing to do: wait, and make sure a stop wakes this task.
+                if stopped.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Event::Stop);
+                }
+                Poll::Pending
+            })
+            .await
+        };
+        match event {
+            Event::Finished(done) => {
+                if let Some((lane, _)) = &pending
+                    && set.has_room(*lane)
+                    && let Some((lane, job)) = pending.take()
+                {
+                    set.push(lane, job);
+                }
+                apply(&mut subscription, &shared, done, &mut timers, &timers_rx).await;
+            }
+            Event::Timer(done) => {
+                apply(&mut subscription, &shared, done, &mut timers, &timers_rx).await;
+            }
+            Event::Stop => break,
+            Event::Idle => {}
+            Event::Fetched(job) => {
+                if fetch_errors.last.is_some() {
+                    // Fetching works again: the next failure is news.
+                    fetch_errors = FetchErrors::default();
+                }
+                shared.begin();
+                let lane = pick_lane(&job.delivery, &lanes, &mut round_robin);
+                // A lane with room takes it at once; a full one is waited for.
+                if let Some(job) = set.offer(lane, job) {
                     pending = Some((lane, job));
                 }
             }
-            next = fetch(&mut subscription, &board), if pending.is_none() && room => match next {
-                Some(Ok(job)) => {
-                    if fetch_errors.last.is_some() {
-                        // Fetching works again: the next failure is news.
-                        fetch_errors = FetchErrors::default();
+            Event::FetchFailed(error) => {
+                // While a broker is down this repeats every pause: one ERROR, then at
+                // most one a minute with how many were left out.
+                let now = Instant::now();
+                match fetch_errors.last {
+                    Some(at) if now.duration_since(at) < ERROR_LOG_EVERY => {
+                        fetch_errors.quiet += 1;
+                        tracing::debug!(registration = &*shared.registration, %error, "fetching failed; trying again");
                     }
-                    shared.begin();
-                    let lane = pick_lane(&job.delivery, &lanes, &mut round_robin);
-                    // A lane with room takes it at once; a full one is waited for above.
-                    if let Some(job) = board.offer(lane, job) {
-                        pending = Some((lane, job));
+                    _ => {
+                        tracing::error!(registration = &*shared.registration, %error, since_last_logged = fetch_errors.quiet, "fetching failed; trying again");
+                        fetch_errors = FetchErrors {
+                            last: Some(now),
+                            quiet: 0,
+                        };
                     }
                 }
-                Some(Err(error)) => {
-                    // While a broker is down this repeats every pause: one ERROR, then
-                    // at most one a minute with how many were left out.
-                    let now = Instant::now();
-                    match fetch_errors.last {
-                        Some(at) if now.duration_since(at) < ERROR_LOG_EVERY => {
-                            fetch_errors.quiet += 1;
-                            tracing::debug!(registration = &*shared.registration, %error, "fetching failed; trying again");
-                        }
-                        _ => {
-                            tracing::error!(registration = &*shared.registration, %error, since_last_logged = fetch_errors.quiet, "fetching failed; trying again");
-                            fetch_errors = FetchErrors { last: Some(now), quiet: 0 };
-                        }
-                    }
-                    tokio::time::sleep(ERROR_PAUSE).await;
-                }
-                None => {
-                    tracing::warn!(registration = &*shared.registration, "the subscription ended: this registration receives nothing more");
-                    break;
-                }
-            },
+                tokio::time::sleep(ERROR_PAUSE).await;
+            }
+            Event::Ended => {
+                tracing::warn!(
+                    registration = &*shared.registration,
+                    "the subscription ended: this registration receives nothing more"
+                );
+                break;
+            }
         }
     }
 
     // Stop: fetch nothing more; let the lanes finish what they hold, within the drain
     // deadline, then close within the close deadline, whatever the broker does (G6).
     let hard = Instant::now() + deadlines.drain + deadlines.close;
-    let registration = Arc::clone(&shared.registration);
     let stopped = tokio::time::timeout_at(
         hard,
         drain_and_close(
             subscription,
-            shared,
-            board,
-            lanes_running,
+            &shared,
+            set,
             pending,
             timers,
             timers_tx,
@@ -282,7 +304,7 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
     .await;
     if stopped.is_err() {
         tracing::warn!(
-            registration = &*registration,
+            registration = &*shared.registration,
             deadline = ?deadlines.drain + deadlines.close,
             "the subscription did not close within the drain and close deadlines (the broker \
              unreachable?); left behind, unsettled deliveries come back as the broker's rules say"
@@ -291,56 +313,59 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
 }
 
 #[allow(clippy::too_many_arguments)]
-async fn drain_and_close<Sub: Subscription, S: Service>(
+async fn drain_and_close<Sub, S, F, St>(
     mut subscription: Sub,
-    shared: Arc<Shared<S>>,
-    board: Arc<Board<Sub::Receipt>>,
-    mut lanes_running: impl Future<Output = ()> + Unpin,
-    mut pending: Option<(usize, Job<Sub::Receipt>)>,
+    shared: &Arc<Shared<S>>,
+    mut set: LaneSet<Sub::Receipt, F, St>,
+    pending: Option<(usize, Job<Sub::Receipt>)>,
     mut timers: JoinSet<Done<Sub::Receipt>>,
     timers_tx: watch::Sender<Timers>,
     timers_rx: watch::Receiver<Timers>,
     deadlines: Deadlines,
-) {
-    let finished = || finished(&board);
-    let deadline = Instant::now() + deadlines.drain;
-    if let Some((lane, job)) = pending.take() {
+) where
+    Sub: Subscription,
+    S: Service,
+    F: Future<Output = Finished<Sub::Receipt>>,
+    St: Fn(Job<Sub::Receipt>) -> F,
+{
+    let mut deadline = pin!(sleep_until(Instant::now() + deadlines.drain));
+    if let Some((lane, job)) = pending {
         // Fetched but not started: it runs too rather than being dropped.
-        board.push(lane, job);
+        set.push(lane, job);
     }
-    board.close();
     let _ = timers_tx.send(Timers::Stopping);
-    let mut lanes_open = true;
-    loop {
-        while let Some(done) = board.pop_done() {
-            apply(&mut subscription, &shared, done, &mut timers, &timers_rx).await;
-        }
-        if !lanes_open && timers.is_empty() {
-            break;
-        }
-        tokio::select! {
-            biased;
-            () = &mut lanes_running, if lanes_open => lanes_open = false,
-            () = finished() => {}
-            Some(joined) = timers.join_next(), if !timers.is_empty() => {
-                if let Ok(done) = joined {
-                    apply(&mut subscription, &shared, done, &mut timers, &timers_rx).await;
-                }
+    while !set.is_idle() || !timers.is_empty() {
+        let done = poll_fn(|cx| {
+            if let Poll::Ready(done) = set.poll_finished(cx) {
+                return Poll::Ready(Some(done));
             }
-            () = sleep_until(deadline) => {
+            if !timers.is_empty()
+                && let Poll::Ready(Some(Ok(done))) = timers.poll_join_next(cx)
+            {
+                return Poll::Ready(Some(done));
+            }
+            if deadline.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(None);
+            }
+            Poll::Pending
+        })
+        .await;
+        match done {
+            Some(done) => apply(&mut subscription, shared, done, &mut timers, &timers_rx).await,
+            None => {
                 tracing::warn!(
                     registration = &*shared.registration,
-                    handlers_running = lanes_open,
+                    handlers_running = !set.is_idle(),
                     timers_waiting = timers.len(),
                     "drain timeout passed; unfinished deliveries stay unsettled"
                 );
-                // Dropping the lanes drops their running handlers.
                 timers.abort_all();
                 break;
             }
         }
     }
-    drop(lanes_running);
+    // Dropping the lanes drops their running handlers.
+    drop(set);
     if tokio::time::timeout(deadlines.close, subscription.close())
         .await
         .is_err()
@@ -351,31 +376,6 @@ async fn drain_and_close<Sub: Subscription, S: Service>(
             "closing the subscription timed out; left behind"
         );
     }
-}
-
-/// The next delivery, already boxed: what travels through the loop's `select!` is then a
-/// pointer and a receipt, not the whole delivery.
-async fn fetch<Sub: Subscription>(
-    subscription: &mut Sub,
-    board: &Board<Sub::Receipt>,
-) -> Option<Result<Job<Sub::Receipt>, ruststream_core::SubscribeError>> {
-    Some(
-        subscription
-            .next()
-            .await?
-            .map(|(delivery, receipt)| board.job(delivery, receipt)),
-    )
-}
-
-/// Ready once a lane has finished work on the board (no waker: see `drive`).
-fn finished<R>(board: &Board<R>) -> impl Future<Output = ()> + '_ {
-    poll_fn(|_| {
-        if board.has_done() {
-            Poll::Ready(())
-        } else {
-            Poll::Pending
-        }
-    })
 }
 
 fn pick_lane(delivery: &Delivery, lanes: &Lanes, round_robin: &mut usize) -> usize {

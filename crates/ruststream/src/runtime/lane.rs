@@ -1,12 +1,13 @@
-//! A lane runs deliveries one at a time, in the order the driver hands them over.
+//! What a lane does with one delivery: run the handler, decide, publish a copy the plan
+//! asks for, and say what to settle.
 
 use std::future::{Future, poll_fn};
 use std::pin::pin;
 use std::sync::Arc;
 use std::task::Poll;
 
-use super::board::{Board, Take};
 use super::driver::{Done, Job, Shared};
+use super::lanes::Finished;
 use super::unwind::{CatchUnwind, Caught, in_handler};
 use super::{Handled, copy};
 use crate::backoff::RERUN_FLOOR;
@@ -16,32 +17,9 @@ use crate::middleware::Service;
 use crate::registration::FailurePolicy;
 use ruststream_core::{Delivery, HandlerOutcome, OutcomeKind, Plan, Settle, Verdict, plan};
 
-pub(crate) async fn run<S: Service, R: Send + 'static>(
-    shared: Arc<Shared<S>>,
-    board: Arc<Board<R>>,
-    lane: usize,
-) {
-    loop {
-        // No waker: only the driver adds jobs, and it polls its lanes on every pass.
-        let next = poll_fn(|_| match board.take(lane) {
-            Take::Job(job) => Poll::Ready(Some(job)),
-            Take::Closed => Poll::Ready(None),
-            Take::Empty => Poll::Pending,
-        });
-        let Some(job) = next.await else {
-            break;
-        };
-        let (finished, spare) = handle(&shared, job).await;
-        board.finish(finished, spare);
-    }
-}
-
 /// Runs a job; returns what to settle and, unless a delayed copy keeps it, the box the
 /// delivery came in.
-async fn handle<S: Service, R>(
-    shared: &Shared<S>,
-    job: Job<R>,
-) -> (Done<R>, Option<Box<Delivery>>) {
+pub(crate) async fn handle<S: Service, R>(shared: &Shared<S>, job: Job<R>) -> Finished<R> {
     let mut incoming = Incoming::new(job.delivery, Arc::clone(&shared.context));
     let mut reruns = 0;
     loop {

@@ -1,9 +1,9 @@
 //! Running registrations: one driver task per subscription, lanes, plan execution.
 
-mod board;
 mod copy;
 mod driver;
 mod lane;
+mod lanes;
 mod refusals;
 mod unwind;
 

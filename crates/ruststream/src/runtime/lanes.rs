@@ -1,0 +1,142 @@
+//! The lanes of one subscription, held and polled by its driver task alone.
+//!
+//! A lane runs one delivery at a time and keeps a short queue behind it. The running
+//! delivery is a future in a box the lane keeps for its whole life: a new delivery
+//! replaces the finished one in place, so starting one allocates nothing, and nothing
+//! here is shared with another task, so nothing takes a lock or needs a waker of its
+//! own (the driver polls its lanes on every pass of its loop).
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use ruststream_core::Delivery;
+
+use super::driver::{Done, Job};
+
+/// Deliveries a lane holds beyond the one it runs: small, so a slow handler holds back
+/// fetching instead of growing memory.
+pub(crate) const LANE_QUEUE: usize = 1;
+
+/// What a lane hands back when a delivery is done with: what to settle and, unless a
+/// delayed copy keeps it, the box the delivery came in.
+pub(crate) type Finished<R> = (Done<R>, Option<Box<Delivery>>);
+
+pub(crate) struct Lanes<R, F, St> {
+    start: St,
+    running: Vec<Pin<Box<Option<F>>>>,
+    queues: Vec<VecDeque<Job<R>>>,
+    /// Lanes with a delivery running.
+    busy: usize,
+    /// Where the next scan for finished work begins, so no lane waits behind another.
+    scan_from: usize,
+    /// Boxes for the next deliveries. A delivery (about 180 bytes) is moved into a box
+    /// once, when fetched, and travels as a pointer from there to the handler's
+    /// extractors and back; a finished delivery's box comes back here, so the steady
+    /// state allocates nothing. A spare box keeps its last delivery (and payload) until
+    /// reused, so no more are kept than the lanes hold at once.
+    // The boxes themselves are the point: they are handed out again, not their contents.
+    #[allow(clippy::vec_box)]
+    spare: Vec<Box<Delivery>>,
+    spare_cap: usize,
+}
+
+impl<R, F, St> Lanes<R, F, St>
+where
+    F: Future<Output = Finished<R>>,
+    St: Fn(Job<R>) -> F,
+{
+    /// `count` lanes; `start` turns a job into the future that runs it.
+    pub(crate) fn new(count: usize, start: St) -> Self {
+        Self {
+            start,
+            running: (0..count).map(|_| Box::pin(None)).collect(),
+            queues: (0..count)
+                .map(|_| VecDeque::with_capacity(LANE_QUEUE))
+                .collect(),
+            busy: 0,
+            scan_from: 0,
+            spare: Vec::new(),
+            // Each lane's queue and running delivery, and one waiting for room.
+            spare_cap: count * (LANE_QUEUE + 1) + 1,
+        }
+    }
+
+    /// A job for a fetched delivery, boxed in a spare box when there is one.
+    pub(crate) fn job(&mut self, delivery: Delivery, receipt: R) -> Job<R> {
+        let delivery = match self.spare.pop() {
+            Some(mut spare) => {
+                *spare = delivery;
+                spare
+            }
+            None => Box::new(delivery),
+        };
+        Job { delivery, receipt }
+    }
+
+    /// Starts `job` on `lane` or queues it there when it has room; hands it back when not.
+    pub(crate) fn offer(&mut self, lane: usize, job: Job<R>) -> Option<Job<R>> {
+        if self.running[lane].is_none() {
+            self.start(lane, job);
+            None
+        } else if self.queues[lane].len() < LANE_QUEUE {
+            self.queues[lane].push_back(job);
+            None
+        } else {
+            Some(job)
+        }
+    }
+
+    /// Whether `lane` would take a job now.
+    pub(crate) fn has_room(&self, lane: usize) -> bool {
+        self.running[lane].is_none() || self.queues[lane].len() < LANE_QUEUE
+    }
+
+    /// Queues `job` whatever the room (a fetched delivery at stop, so it still runs).
+    pub(crate) fn push(&mut self, lane: usize, job: Job<R>) {
+        if let Some(job) = self.offer(lane, job) {
+            self.queues[lane].push_back(job);
+        }
+    }
+
+    fn start(&mut self, lane: usize, job: Job<R>) {
+        self.running[lane].set(Some((self.start)(job)));
+        self.busy += 1;
+    }
+
+    /// Polls the running deliveries; what the first one done asks to settle is
+    /// returned, and its lane has already started the next one it holds.
+    pub(crate) fn poll_finished(&mut self, cx: &mut Context<'_>) -> Poll<Done<R>> {
+        let count = self.running.len();
+        if self.busy == 0 {
+            return Poll::Pending;
+        }
+        for i in 0..count {
+            let lane = (self.scan_from + i) % count;
+            let Some(future) = self.running[lane].as_mut().as_pin_mut() else {
+                continue;
+            };
+            if let Poll::Ready((done, spare)) = future.poll(cx) {
+                self.running[lane].set(None);
+                self.busy -= 1;
+                self.scan_from = (lane + 1) % count;
+                if let Some(spare) = spare
+                    && self.spare.len() < self.spare_cap
+                {
+                    self.spare.push(spare);
+                }
+                if let Some(next) = self.queues[lane].pop_front() {
+                    self.start(lane, next);
+                }
+                return Poll::Ready(done);
+            }
+        }
+        Poll::Pending
+    }
+
+    /// Nothing running and nothing queued.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.busy == 0
+    }
+}
