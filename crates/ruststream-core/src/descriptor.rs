@@ -20,6 +20,11 @@ pub trait Descriptor: Send + 'static {
     /// The address read, for logs and errors (a topic, a subject, a pattern).
     fn address(&self) -> &str;
 
+    /// The transport's name in metrics labels (`kafka`, `nats-core`, `jetstream`...).
+    fn transport(&self) -> &'static str {
+        "unnamed"
+    }
+
     /// The single address a retry copy is published to, or `None` when the descriptor
     /// reads a set no single publish reaches (then the registration must name one).
     fn retry_address(&self) -> Option<&str>;
@@ -61,6 +66,9 @@ pub trait Descriptor: Send + 'static {
     ) -> impl Future<Output = Result<Self::Subscription, SubscribeError>> + Send;
 }
 
+/// Tells whether a connection is up (see [`Subscription::link`]).
+pub type LinkProbe = Arc<dyn Fn() -> bool + Send + Sync>;
+
 /// An open subscription. Exactly one task, the subscription's driver, calls it.
 pub trait Subscription: Send + 'static {
     /// What the transport needs to settle one delivery (an ack subject, a partition and
@@ -99,6 +107,13 @@ pub trait Subscription: Send + 'static {
     /// Default: nothing (never returns).
     fn idle(&mut self) -> impl Future<Output = ()> + Send {
         std::future::pending()
+    }
+
+    /// Whether the connection this subscription reads through is up, for the app's
+    /// readiness check, which calls it from any thread (off the async threads: it may
+    /// block briefly). `None`: readiness goes by fetch errors alone.
+    fn link(&self) -> Option<LinkProbe> {
+        None
     }
 
     /// Stops fetching and closes the consumer. Deliveries not settled by now come back

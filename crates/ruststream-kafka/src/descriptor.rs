@@ -306,6 +306,10 @@ macro_rules! descriptor {
                 &self.source.address
             }
 
+            fn transport(&self) -> &'static str {
+                "kafka"
+            }
+
             fn retry_address(&self) -> Option<&str> {
                 let retry: fn(&Source) -> Option<&str> = $retry;
                 retry(&self.source)

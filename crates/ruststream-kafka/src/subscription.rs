@@ -10,7 +10,7 @@ use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::error::KafkaResult;
 use rdkafka::message::{BorrowedMessage, Headers as _, Message};
 use ruststream_core::{
-    AckError, Attempt, Delivery, Headers, Metadata, Settle, SubscribeError, Subscription,
+    AckError, Attempt, Delivery, Headers, LinkProbe, Metadata, Settle, SubscribeError, Subscription,
 };
 
 use crate::close::off_runtime;
@@ -395,6 +395,17 @@ impl KafkaSubscription {
 
 impl Subscription for KafkaSubscription {
     type Receipt = KafkaReceipt;
+
+    /// Up while a broker of the cluster answers a metadata request within two seconds
+    /// (librdkafka reconnects by itself; it reports no "connected" state to ask).
+    fn link(&self) -> Option<LinkProbe> {
+        let consumer = Arc::clone(self.consumer.as_ref()?);
+        Some(Arc::new(move || {
+            consumer
+                .fetch_metadata(None, Duration::from_secs(2))
+                .is_ok()
+        }))
+    }
 
     async fn next(&mut self) -> Option<Result<(Delivery, KafkaReceipt), SubscribeError>> {
         let consumer = Arc::clone(self.consumer.as_ref()?);

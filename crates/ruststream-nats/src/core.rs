@@ -5,7 +5,7 @@ use std::sync::Arc;
 use async_nats::{Client, Subscriber};
 use futures_util::StreamExt;
 use ruststream_core::{
-    AckError, Attempt, Capabilities, Declaration, Delivery, Descriptor, Publish, Settle,
+    AckError, Attempt, Capabilities, Declaration, Delivery, Descriptor, LinkProbe, Publish, Settle,
     SubscribeError, Subscription,
 };
 
@@ -105,6 +105,7 @@ async fn subscribe(
         drops.register(sid, subject);
     }
     Ok(CoreSubscription {
+        client: client.clone(),
         subscriber,
         last_subject: Arc::from(""),
         drops: sid.map(|sid| (sid, drops)),
@@ -116,6 +117,10 @@ impl Descriptor for CoreSubject {
 
     fn address(&self) -> &str {
         &self.subject
+    }
+
+    fn transport(&self) -> &'static str {
+        "nats-core"
     }
 
     fn retry_address(&self) -> Option<&str> {
@@ -156,6 +161,10 @@ impl Descriptor for CoreWildcard {
         &self.pattern
     }
 
+    fn transport(&self) -> &'static str {
+        "nats-core"
+    }
+
     fn retry_address(&self) -> Option<&str> {
         None
     }
@@ -194,6 +203,7 @@ impl Descriptor for CoreWildcard {
 /// An open Core subscription.
 #[derive(Debug)]
 pub struct CoreSubscription {
+    client: Client,
     subscriber: Subscriber,
     /// The subject of the last message, shared by the deliveries that follow on it.
     last_subject: Arc<str>,
@@ -203,6 +213,10 @@ pub struct CoreSubscription {
 
 impl Subscription for CoreSubscription {
     type Receipt = ();
+
+    fn link(&self) -> Option<LinkProbe> {
+        Some(crate::link(&self.client))
+    }
 
     async fn next(&mut self) -> Option<Result<(Delivery, ()), SubscribeError>> {
         let message = self.subscriber.next().await?;

@@ -12,7 +12,7 @@ use futures_util::StreamExt;
 use ruststream_core::hash::SpreadMap;
 use ruststream_core::{
     AckError, Attempt, Capabilities, DeadLetters, Declaration, DelayedRedelivery, Delivery,
-    Descriptor, Metadata, Publish, Settle, StartAt, SubscribeError, Subscription, Verb,
+    Descriptor, LinkProbe, Metadata, Publish, Settle, StartAt, SubscribeError, Subscription, Verb,
 };
 use tokio::task::JoinHandle;
 
@@ -141,6 +141,10 @@ impl Descriptor for JetStreamConsumer {
 
     fn address(&self) -> &str {
         self.filter_subject.as_deref().unwrap_or(&self.stream)
+    }
+
+    fn transport(&self) -> &'static str {
+        "jetstream"
     }
 
     fn retry_address(&self) -> Option<&str> {
@@ -409,6 +413,10 @@ impl std::fmt::Debug for JetStreamSubscription {
 
 impl Subscription for JetStreamSubscription {
     type Receipt = Receipt;
+
+    fn link(&self) -> Option<LinkProbe> {
+        Some(crate::link(&self.client))
+    }
 
     async fn next(&mut self) -> Option<Result<(Delivery, Receipt), SubscribeError>> {
         loop {

@@ -257,3 +257,9 @@ impl Nats {
         Arc::new(self.publisher())
     }
 }
+
+/// Up while the client is connected (it reconnects by itself after a loss).
+fn link(client: &async_nats::Client) -> ruststream_core::LinkProbe {
+    let client = client.clone();
+    Arc::new(move || client.connection_state() == async_nats::connection::State::Connected)
+}

@@ -104,6 +104,10 @@ impl Descriptor for PulsarTopic {
         &self.address
     }
 
+    fn transport(&self) -> &'static str {
+        "pulsar"
+    }
+
     fn retry_address(&self) -> Option<&str> {
         // Never needed: the broker redelivers the same message; nothing is copied.
         None

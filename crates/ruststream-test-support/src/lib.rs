@@ -3,6 +3,7 @@
 //! (nextest runs each test in a process of its own, so the log is the test's.)
 
 pub mod bench;
+pub mod ops;
 pub mod pulsar_relay;
 
 use std::future::Future;

@@ -1,6 +1,7 @@
 //! The app: registrations, state, start, stop.
 
 use std::fmt;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,6 +10,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::middleware::Service;
+use crate::ops::{Health, Metrics, Ops};
 use crate::registration::Registration;
 use crate::runtime::{Env, InFlight, Mount, Observe};
 use crate::state::StateMap;
@@ -50,6 +52,8 @@ pub struct App {
     handler_timeout: Duration,
     stop_tx: watch::Sender<bool>,
     observer: Option<Arc<dyn Observe>>,
+    metrics: bool,
+    ops: Option<SocketAddr>,
 }
 
 impl Default for App {
@@ -83,7 +87,38 @@ impl App {
             handler_timeout: DEFAULT_HANDLER_TIMEOUT,
             stop_tx: watch::channel(false).0,
             observer: None,
+            metrics: false,
+            ops: None,
         }
+    }
+
+    /// Serves the ops endpoint on `127.0.0.1:port` while the app runs: `/metrics`
+    /// (Prometheus), `/health/live`, `/health/ready` (see [`ops`](crate::ops) for every
+    /// series and what readiness checks). Port 0 picks a free port
+    /// ([`Running::ops_addr`] tells which). Turns metrics on.
+    ///
+    /// ```no_run
+    /// # use ruststream::App;
+    /// let app = App::new().ops(9464);
+    /// ```
+    pub fn ops(self, port: u16) -> Self {
+        self.ops_on(SocketAddr::from(([127, 0, 0, 1], port)))
+    }
+
+    /// Serves the ops endpoint on `addr`, any address. Binding every interface
+    /// (`0.0.0.0`) shows the metrics and health to the whole network: a choice to make
+    /// on purpose, e.g. for a scraper in another container. Turns metrics on.
+    pub fn ops_on(mut self, addr: SocketAddr) -> Self {
+        self.ops = Some(addr);
+        self.metrics = true;
+        self
+    }
+
+    /// Collects metrics without serving them: read them with [`Running::metrics`] (to
+    /// serve from a server of your own).
+    pub fn metrics(mut self) -> Self {
+        self.metrics = true;
+        self
     }
 
     /// Adds a registration (see [`on`](crate::on)).
@@ -161,6 +196,30 @@ impl App {
     pub async fn start(self) -> Result<Running, StartError> {
         self.validate()?;
         crate::runtime::quiet_handler_panics();
+        let metrics = self.metrics.then(Metrics::new);
+        let health = Health::new(self.stop_tx.subscribe());
+        // The endpoint is up before the subscriptions open: live at once, ready once
+        // every subscription is open.
+        let ops = match self.ops {
+            Some(addr) => {
+                let listener =
+                    tokio::net::TcpListener::bind(addr)
+                        .await
+                        .map_err(|e| StartError::Ops {
+                            addr,
+                            detail: e.to_string(),
+                        })?;
+                let bound = listener.local_addr().unwrap_or(addr);
+                let ops = Arc::new(Ops {
+                    metrics: metrics.clone(),
+                    health: Arc::clone(&health),
+                });
+                tracing::info!(address = %bound, "ops endpoint serving /metrics, /health/live, /health/ready");
+                Some((bound, tokio::spawn(crate::ops::serve(listener, ops))))
+            }
+            None => None,
+        };
+        let (ops_addr, server) = ops.unzip();
         let env = Env {
             state: Arc::new(self.state),
             stop: self.stop_tx.subscribe(),
@@ -168,22 +227,25 @@ impl App {
             close_timeout: self.close_timeout,
             handler_timeout: self.handler_timeout,
             observer: self.observer,
+            metrics: metrics.clone(),
+            health: Arc::clone(&health),
         };
-        let mut drivers = Vec::with_capacity(self.mounts.len());
-        let mut in_flight = Vec::with_capacity(self.mounts.len());
+        let mut running = Running {
+            stop_tx: self.stop_tx,
+            drivers: Vec::with_capacity(self.mounts.len()),
+            in_flight: Vec::with_capacity(self.mounts.len()),
+            metrics,
+            ops_addr,
+            server,
+        };
         for mount in self.mounts {
             let (name, address) = (mount.name().to_owned(), mount.address().to_owned());
             match mount.start(env.clone()).await {
                 Ok(started) => {
-                    drivers.push(started.driver);
-                    in_flight.push(started.in_flight);
+                    running.drivers.push(started.driver);
+                    running.in_flight.push(started.in_flight);
                 }
                 Err(detail) => {
-                    let running = Running {
-                        stop_tx: self.stop_tx,
-                        drivers,
-                        in_flight,
-                    };
                     running.stop().await;
                     return Err(StartError::Open {
                         registration: name,
@@ -193,11 +255,8 @@ impl App {
                 }
             }
         }
-        Ok(Running {
-            stop_tx: self.stop_tx,
-            drivers,
-            in_flight,
-        })
+        health.started();
+        Ok(running)
     }
 
     /// Starts, then runs until SIGINT, SIGTERM or a [`StopHandle`], then drains: see
@@ -250,6 +309,9 @@ pub struct Running {
     stop_tx: watch::Sender<bool>,
     drivers: Vec<JoinHandle<()>>,
     in_flight: Vec<Arc<InFlight>>,
+    metrics: Option<Arc<Metrics>>,
+    ops_addr: Option<SocketAddr>,
+    server: Option<JoinHandle<()>>,
 }
 
 impl Running {
@@ -290,6 +352,16 @@ impl Running {
         }
     }
 
+    /// Where the ops endpoint listens, when [`App::ops`] or [`App::ops_on`] turned it on.
+    pub fn ops_addr(&self) -> Option<SocketAddr> {
+        self.ops_addr
+    }
+
+    /// Every metric in the Prometheus text format, when metrics are on.
+    pub fn metrics(&self) -> Option<String> {
+        self.metrics.as_ref().map(|m| m.encode())
+    }
+
     /// Deliveries fetched and not settled yet, over every subscription.
     pub fn in_flight(&self) -> usize {
         self.in_flight.iter().map(|h| h.count()).sum()
@@ -309,6 +381,9 @@ impl Running {
                 tracing::error!(error = %e, "a subscription driver failed");
             }
         }
+        if let Some(server) = self.server.take() {
+            server.abort();
+        }
     }
 }
 
@@ -316,6 +391,9 @@ impl Drop for Running {
     fn drop(&mut self) {
         if !self.drivers.is_empty() {
             self.stop_tx.send_replace(true);
+        }
+        if let Some(server) = self.server.take() {
+            server.abort();
         }
     }
 }
@@ -357,6 +435,14 @@ pub enum StartError {
         /// The descriptor's address.
         address: String,
         /// What the broker said.
+        detail: String,
+    },
+    /// The ops endpoint could not listen on its address.
+    #[error("the ops endpoint cannot listen on {addr}: {detail}")]
+    Ops {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// Why (address in use, permission denied...).
         detail: String,
     },
 }

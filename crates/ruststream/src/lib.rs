@@ -73,6 +73,7 @@ pub mod extract;
 pub mod handler;
 pub mod memory;
 pub mod middleware;
+pub mod ops;
 mod publisher;
 mod registration;
 mod runtime;

@@ -53,6 +53,10 @@ impl Descriptor for MemoryTopic {
         &self.address
     }
 
+    fn transport(&self) -> &'static str {
+        "memory"
+    }
+
     fn retry_address(&self) -> Option<&str> {
         Some(&self.address)
     }

@@ -11,6 +11,7 @@ use tokio::sync::watch;
 
 use super::driver::Shared;
 use crate::backoff::{Backoff, REFUSAL_BACKOFF};
+use crate::ops::{CopyFailure, Instruments, Published};
 
 /// A transient failure (timeout, lost connection) is tried this often, with these waits
 /// between tries, before it counts as a refusal.
@@ -108,16 +109,30 @@ pub(crate) async fn deliver<S>(
     let mut held = 0;
     loop {
         let result = match outgoing(delivery, &copy, &shared.declaration) {
-            Ok(message) => publish_with_tries(shared.copies.as_ref(), message).await,
+            Ok(message) => {
+                publish_with_tries(shared.copies.as_ref(), message, shared.metrics.as_ref()).await
+            }
             Err(e) => Err(e),
         };
         let error = match result {
             Ok(()) => {
                 shared.refusals.confirmed(delivery);
+                if let Some(metrics) = &shared.metrics {
+                    metrics.published(match copy.target {
+                        CopyTarget::DeadLetter => Published::DeadLetter,
+                        CopyTarget::Retry { .. } => Published::RetryCopy,
+                    });
+                }
                 return planned;
             }
             Err(error) => error,
         };
+        if let Some(metrics) = &shared.metrics {
+            metrics.copy_failed(match give_back(capabilities) {
+                GiveBack::Lost => CopyFailure::Lost,
+                _ => CopyFailure::Refused,
+            });
+        }
         if error.kind == PublishErrorKind::TooLarge
             && matches!(copy.target, CopyTarget::Retry { .. })
             && shared.declaration.dead_letter.is_some()
@@ -199,6 +214,7 @@ pub(crate) async fn deliver<S>(
 async fn publish_with_tries(
     publisher: &dyn Publish,
     message: Outgoing,
+    metrics: Option<&Instruments>,
 ) -> Result<(), PublishError> {
     let mut tried = 1;
     loop {
@@ -206,6 +222,9 @@ async fn publish_with_tries(
             Ok(()) => return Ok(()),
             Err(e) if !e.kind.is_transient() || tried >= TRIES => return Err(e),
             Err(e) => {
+                if let Some(metrics) = metrics {
+                    metrics.copy_failed(CopyFailure::Transient);
+                }
                 tracing::warn!(address = %message.address, error = %e, tried, "copy not confirmed; trying again");
                 tokio::time::sleep(TRANSIENT_BACKOFF.delay(tried)).await;
                 tried += 1;

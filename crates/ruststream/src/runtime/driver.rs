@@ -21,6 +21,7 @@ use super::{InFlight, Observe, copy, lane};
 use crate::backoff::Backoff;
 use crate::extract::Context;
 use crate::middleware::Service;
+use crate::ops::{Instruments, SettleError, SubscriptionHealth};
 use crate::registration::{FailurePolicy, LaneKey};
 use std::sync::atomic::Ordering;
 
@@ -59,6 +60,10 @@ pub(crate) struct Shared<S> {
     pub(crate) in_flight: Arc<InFlight>,
     /// Fetching pauses while this many are in flight (SPEC G5).
     pub(crate) max_in_flight: usize,
+    /// This registration's metric handles, when the app collects metrics.
+    pub(crate) metrics: Option<Instruments>,
+    /// This subscription's part of the app's readiness.
+    pub(crate) health: Arc<SubscriptionHealth>,
 }
 
 impl<S> Shared<S> {
@@ -248,6 +253,10 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
                 if fetch_errors.last.is_some() {
                     // Fetching works again: the next failure is news.
                     fetch_errors = FetchErrors::default();
+                    shared.health.fetch_failed(false);
+                }
+                if let Some(metrics) = &shared.metrics {
+                    metrics.deliveries.inc();
                 }
                 shared.begin();
                 let lane = pick_lane(&job.delivery, &lanes, &mut round_robin);
@@ -259,6 +268,10 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
             Event::FetchFailed(error) => {
                 // While a broker is down this repeats every pause: one ERROR, then at
                 // most one a minute with how many were left out.
+                shared.health.fetch_failed(true);
+                if let Some(metrics) = &shared.metrics {
+                    metrics.fetch_errors.inc();
+                }
                 let now = Instant::now();
                 match fetch_errors.last {
                     Some(at) if now.duration_since(at) < ERROR_LOG_EVERY => {
@@ -285,6 +298,7 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
         }
     }
 
+    shared.health.ended();
     // Stop: fetch nothing more; let the lanes finish what they hold, within the drain
     // deadline, then close within the close deadline, whatever the broker does (G6).
     let hard = Instant::now() + deadlines.drain + deadlines.close;
@@ -378,6 +392,15 @@ async fn drain_and_close<Sub, S, F, St>(
     }
 }
 
+/// Takes a delayed copy off the `ruststream_delayed` gauge when its timer task ends.
+struct DelayedGuard(prometheus_client::metrics::gauge::Gauge);
+
+impl Drop for DelayedGuard {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
 fn pick_lane(delivery: &Delivery, lanes: &Lanes, round_robin: &mut usize) -> usize {
     if lanes.count == 1 {
         return 0;
@@ -407,6 +430,12 @@ async fn apply<Sub: Subscription, S: Service>(
                 && let Err(error) = subscription.settle(receipt, settle).await
             {
                 tracing::error!(registration = &*shared.registration, ?settle, %error, "settlement failed");
+                if let Some(metrics) = &shared.metrics {
+                    metrics.settle_failed(match error {
+                        ruststream_core::AckError::Unsupported { .. } => SettleError::Unsupported,
+                        _ => SettleError::Failed,
+                    });
+                }
             }
             shared.end();
         }
@@ -420,7 +449,13 @@ async fn apply<Sub: Subscription, S: Service>(
             subscription.parked(&receipt);
             let shared = Arc::clone(shared);
             let mut mode = timers_rx.clone();
+            let delayed = shared.metrics.as_ref().map(|m| m.delayed.clone());
+            if let Some(delayed) = &delayed {
+                delayed.inc();
+            }
             timers.spawn(async move {
+                // Counted out however the task ends (aborted at the drain deadline too).
+                let _counted = delayed.map(DelayedGuard);
                 let due = Instant::now() + copy.delay;
                 let stopped = tokio::select! {
                     () = sleep_until(due) => false,

@@ -14,8 +14,11 @@ use crate::backoff::RERUN_FLOOR;
 use crate::extract::Incoming;
 use crate::handler::Completion;
 use crate::middleware::Service;
+use crate::ops::{Outcome, SettleError};
 use crate::registration::FailurePolicy;
-use ruststream_core::{Delivery, HandlerOutcome, OutcomeKind, Plan, Settle, Verdict, plan};
+use ruststream_core::{
+    AckError, Delivery, HandlerOutcome, OutcomeKind, Plan, Settle, Verdict, plan,
+};
 
 /// Runs a job; returns what to settle and, unless a delayed copy keeps it, the box the
 /// delivery came in.
@@ -23,8 +26,13 @@ pub(crate) async fn handle<S: Service, R>(shared: &Shared<S>, job: Job<R>) -> Fi
     let mut incoming = Incoming::new(job.delivery, Arc::clone(&shared.context));
     let mut reruns = 0;
     loop {
+        let called = shared.metrics.as_ref().map(|_| std::time::Instant::now());
         let (completion, report) = call(shared, &incoming).await;
         let plan = decide(shared, incoming.delivery(), &completion, report);
+        if let (Some(metrics), Some(called)) = (&shared.metrics, called) {
+            metrics.duration.observe(called.elapsed().as_secs_f64());
+            metrics.outcome(Outcome::of(&completion, &plan));
+        }
         if let Some(observer) = &shared.observer {
             observer.handled(&Handled {
                 registration: &shared.registration,
@@ -197,6 +205,12 @@ fn decide<S>(
     };
     let plan = plan(verdict, attempt, &shared.declaration, &shared.capabilities);
     if let Some(error) = &plan.error {
+        if let Some(metrics) = &shared.metrics {
+            metrics.settle_failed(match error {
+                AckError::Unsupported { .. } => SettleError::Unsupported,
+                _ => SettleError::Failed,
+            });
+        }
         // Core NATS acks and drops are Unsupported by nature, and so is settling the
         // original of a copy that went out: both as the spec designs them, said quietly.
         // Anything else (a retry nothing can honour, a refused delay) deserves a warning.

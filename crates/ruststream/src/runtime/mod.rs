@@ -11,13 +11,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use ruststream_core::{BoxFuture, Delivery, Descriptor, Plan};
+use ruststream_core::{BoxFuture, Delivery, Descriptor, Plan, Subscription};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::extract::Context;
 use crate::handler::Completion;
 use crate::middleware::Service;
+use crate::ops::{Health, Metrics};
 use crate::publisher::Publisher;
 use crate::registration::Registration;
 use crate::state::StateMap;
@@ -67,6 +68,8 @@ pub(crate) struct Env {
     pub(crate) close_timeout: Duration,
     pub(crate) handler_timeout: Duration,
     pub(crate) observer: Option<Arc<dyn Observe>>,
+    pub(crate) metrics: Option<Arc<Metrics>>,
+    pub(crate) health: Arc<Health>,
 }
 
 /// A registration with its types erased, as the app holds it.
@@ -98,6 +101,7 @@ impl<D: Descriptor, S: Service> Mount for Registration<D, S> {
             let mut declaration = this.declaration();
             declaration.handler_timeout = Some(deadline);
             let capabilities = this.descriptor.capabilities();
+            let transport = this.descriptor.transport();
             let copies = this.descriptor.publisher();
             let registration: Arc<str> = Arc::from(this.name.as_str());
             let in_flight = Arc::new(InFlight {
@@ -110,6 +114,19 @@ impl<D: Descriptor, S: Service> Mount for Registration<D, S> {
                 .open(&declaration)
                 .await
                 .map_err(|e| e.to_string())?;
+            let health = env.health.add(
+                Arc::clone(&registration),
+                in_flight.address.clone(),
+                subscription.link(),
+            );
+            let metrics = env.metrics.as_ref().map(|m| {
+                m.instruments(
+                    &registration,
+                    &in_flight.address,
+                    transport,
+                    Arc::clone(&in_flight),
+                )
+            });
             let shared = Arc::new(Shared {
                 context: Arc::new(Context {
                     registration: Arc::clone(&registration),
@@ -128,6 +145,8 @@ impl<D: Descriptor, S: Service> Mount for Registration<D, S> {
                 observer: env.observer,
                 in_flight: Arc::clone(&in_flight),
                 max_in_flight: this.options.max_in_flight,
+                metrics,
+                health,
                 registration,
             });
             let lanes = driver::Lanes {

@@ -1,0 +1,159 @@
+//! Reading an app's ops endpoint and a real Prometheus from tests.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// `GET path` over HTTP/1.0: the status code and the body.
+pub async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(addr)
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to the ops endpoint at {addr}: {e}"));
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await
+        .expect("request written");
+    let mut response = String::new();
+    stream
+        .read_to_string(&mut response)
+        .await
+        .expect("response read");
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP response: {response:?}"));
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// The value of the one sample of `series` (name and labels exactly as exposed, e.g.
+/// `ruststream_outcomes_total{registration="a",...}`) summed over every line whose name
+/// and labels contain all of `parts`.
+pub fn sample(metrics: &str, name: &str, parts: &[&str]) -> f64 {
+    metrics
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter(|line| {
+            line.split(['{', ' '])
+                .next()
+                .is_some_and(|series| series == name)
+        })
+        .filter(|line| parts.iter().all(|p| line.contains(p)))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// A Prometheus server of the test's own, scraping `targets` every 500 ms.
+pub struct Prometheus {
+    child: Child,
+    /// Where its HTTP API listens.
+    pub addr: SocketAddr,
+    dir: PathBuf,
+}
+
+impl Prometheus {
+    /// Starts `prometheus` (the binary in `RUSTSTREAM_PROMETHEUS_BIN`, which the test
+    /// command installs) and waits until it is ready. Panics when it cannot: a test that
+    /// needs it fails, never skips.
+    pub async fn start(targets: &[SocketAddr]) -> Self {
+        let bin = std::env::var("RUSTSTREAM_PROMETHEUS_BIN").expect(
+            "RUSTSTREAM_PROMETHEUS_BIN must name the prometheus binary (scripts/brokers/prometheus.sh installs it)",
+        );
+        let dir = std::env::temp_dir().join(format!("ruststream-prom-{}", crate::unique_suffix()));
+        std::fs::create_dir_all(&dir).expect("prometheus dir");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let list: Vec<String> = targets.iter().map(|t| format!("'{t}'")).collect();
+        let config = format!(
+            "global:\n  scrape_interval: 500ms\n  scrape_timeout: 400ms\nscrape_configs:\n  - job_name: service\n    static_configs:\n      - targets: [{}]\n",
+            list.join(", ")
+        );
+        std::fs::write(dir.join("prometheus.yml"), config).expect("config written");
+        let child = Command::new(&bin)
+            .arg(format!(
+                "--config.file={}",
+                dir.join("prometheus.yml").display()
+            ))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
+            .arg(format!("--web.listen-address={addr}"))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("log")).expect("log file"))
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {bin}: {e}"));
+        let prometheus = Self { child, addr, dir };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if TcpStream::connect(addr).await.is_ok() && get(addr, "/-/ready").await.0 == 200 {
+                return prometheus;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "prometheus not ready within 30 s; its log: {}",
+                std::fs::read_to_string(prometheus.dir.join("log")).unwrap_or_default()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// An instant query through the HTTP API: the values of the result vector.
+    pub async fn query(&self, expr: &str) -> Vec<f64> {
+        let encoded: String = expr
+            .bytes()
+            .map(|b| match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                    (b as char).to_string()
+                }
+                _ => format!("%{b:02X}"),
+            })
+            .collect();
+        let (status, body) = get(self.addr, &format!("/api/v1/query?query={encoded}")).await;
+        assert_eq!(status, 200, "query {expr}: {body}");
+        // The values sit in `"value":[<time>,"<v>"]`; no JSON parser needed for that.
+        body.split("\"value\":[")
+            .skip(1)
+            .filter_map(|rest| {
+                let (_, value) = rest.split_once(",\"")?;
+                value.split('"').next()?.parse().ok()
+            })
+            .collect()
+    }
+
+    /// Waits until `expr` has one value equal to `want`, for up to `within`; panics with
+    /// the last values seen otherwise.
+    pub async fn wait_for(&self, expr: &str, want: f64, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let values = self.query(expr).await;
+            if values.len() == 1 && (values[0] - want).abs() < 1e-9 {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "prometheus: `{expr}` is {values:?}, expected {want} within {within:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

@@ -1,0 +1,334 @@
+//! The app's Prometheus metrics: families registered once per app, and per registration
+//! a set of handles taken when it starts, so counting a delivery is an atomic add and
+//! never formats a label.
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::handler::Completion;
+use crate::runtime::InFlight;
+use ruststream_core::{CopyTarget, OutcomeKind, Plan};
+
+/// The labels every series of a registration carries.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Labels {
+    registration: String,
+    address: String,
+    transport: &'static str,
+}
+
+/// The labels of a series that also names a kind (an outcome, a copy, an error).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    registration: String,
+    address: String,
+    transport: &'static str,
+    kind: &'static str,
+}
+
+/// How one delivery ended, as the `ruststream_outcomes_total` series name it (in the
+/// order of `ALL`, which indexes the handles).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Ack,
+    Drop,
+    Retry,
+    RetryAfter,
+    /// The runtime moved it to the dead-letter address (attempts exhausted, or an
+    /// undecodable payload under the dead-letter policy).
+    DeadLettered,
+    /// The handler returned `Err`.
+    Error,
+    Panicked,
+    TimedOut,
+    Undecodable,
+}
+
+impl Outcome {
+    const ALL: [Self; 9] = [
+        Self::Ack,
+        Self::Drop,
+        Self::Retry,
+        Self::RetryAfter,
+        Self::DeadLettered,
+        Self::Error,
+        Self::Panicked,
+        Self::TimedOut,
+        Self::Undecodable,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            Self::Ack => "ack",
+            Self::Drop => "drop",
+            Self::Retry => "retry",
+            Self::RetryAfter => "retry_after",
+            Self::DeadLettered => "dead_lettered",
+            Self::Error => "error",
+            Self::Panicked => "panicked",
+            Self::TimedOut => "timed_out",
+            Self::Undecodable => "undecodable",
+        }
+    }
+
+    /// The outcome of a handled delivery: a dead letter the plan sends counts as such,
+    /// whatever the handler answered; otherwise the handler's answer.
+    pub(crate) fn of(completion: &Completion, plan: &Plan) -> Self {
+        if plan
+            .copy
+            .is_some_and(|copy| copy.target == CopyTarget::DeadLetter)
+        {
+            return Self::DeadLettered;
+        }
+        match completion {
+            Completion::Outcome(outcome) => match outcome.kind() {
+                OutcomeKind::Ack => Self::Ack,
+                OutcomeKind::Drop => Self::Drop,
+                OutcomeKind::Retry { delay: None } => Self::Retry,
+                OutcomeKind::Retry { delay: Some(_) } => Self::RetryAfter,
+            },
+            Completion::Failed(_) => Self::Error,
+            Completion::Panicked(_) => Self::Panicked,
+            Completion::TimedOut(_) => Self::TimedOut,
+            Completion::Rejected(_) => Self::Undecodable,
+        }
+    }
+}
+
+/// A copy the runtime published and the broker confirmed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Published {
+    RetryCopy,
+    DeadLetter,
+}
+
+/// Why a copy did not go out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CopyFailure {
+    /// Not confirmed in time or the connection dropped; it was tried again.
+    Transient,
+    /// The broker refused it; the original comes back later or is held.
+    Refused,
+    /// The broker refused it and nothing can bring the original back (Core NATS).
+    Lost,
+}
+
+/// Why a settlement did not happen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SettleError {
+    /// The broker or the connection failed it.
+    Failed,
+    /// The transport cannot do it (`AckError::Unsupported`: a Core NATS ack, by design).
+    Unsupported,
+}
+
+/// Every family of the app, registered once.
+pub(crate) struct Metrics {
+    registry: Mutex<Registry>,
+    deliveries: Family<Labels, Counter>,
+    outcomes: Family<KindLabels, Counter>,
+    duration: Family<Labels, Histogram>,
+    in_flight: Family<Labels, Gauge>,
+    delayed: Family<Labels, Gauge>,
+    copies: Family<KindLabels, Counter>,
+    copy_failures: Family<KindLabels, Counter>,
+    settle_errors: Family<KindLabels, Counter>,
+    fetch_errors: Family<Labels, Counter>,
+    in_flight_sources: Mutex<Vec<(Gauge, Arc<InFlight>)>>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+/// Handler durations from 100 µs to about 100 s.
+fn duration_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.0001, 2.5, 16))
+}
+
+impl Metrics {
+    pub(crate) fn new() -> Arc<Self> {
+        let mut registry = Registry::default();
+        let deliveries = Family::default();
+        let outcomes = Family::default();
+        let duration = Family::<Labels, Histogram>::new_with_constructor(
+            duration_histogram as fn() -> Histogram,
+        );
+        let in_flight = Family::default();
+        let delayed = Family::default();
+        let copies = Family::default();
+        let copy_failures = Family::default();
+        let settle_errors = Family::default();
+        let fetch_errors = Family::default();
+        registry.register(
+            "ruststream_deliveries",
+            "Deliveries fetched from the broker",
+            deliveries.clone(),
+        );
+        registry.register(
+            "ruststream_outcomes",
+            "Handled deliveries by how they ended (kind: ack, drop, retry, retry_after, \
+             dead_lettered, error, panicked, timed_out, undecodable)",
+            outcomes.clone(),
+        );
+        registry.register(
+            "ruststream_handler_duration_seconds",
+            "Time from the handler's call to its answer (extractors included)",
+            duration.clone(),
+        );
+        registry.register(
+            "ruststream_in_flight",
+            "Deliveries fetched and not settled: running, queued for a lane, or waiting \
+             for a delayed copy",
+            in_flight.clone(),
+        );
+        registry.register(
+            "ruststream_delayed",
+            "Deliveries whose retry copy waits for its delay in this process",
+            delayed.clone(),
+        );
+        registry.register(
+            "ruststream_copies_published",
+            "Copies published and confirmed before their original settled (kind: \
+             retry_copy, dead_letter)",
+            copies.clone(),
+        );
+        registry.register(
+            "ruststream_copy_failures",
+            "Copies that did not go out (kind: transient = tried again, refused = the \
+             original comes back later, lost = nothing can bring the original back)",
+            copy_failures.clone(),
+        );
+        registry.register(
+            "ruststream_settle_errors",
+            "Settlements that did not happen (kind: failed, unsupported)",
+            settle_errors.clone(),
+        );
+        registry.register(
+            "ruststream_fetch_errors",
+            "Fetches from the broker that failed",
+            fetch_errors.clone(),
+        );
+        Arc::new(Self {
+            registry: Mutex::new(registry),
+            deliveries,
+            outcomes,
+            duration,
+            in_flight,
+            delayed,
+            copies,
+            copy_failures,
+            settle_errors,
+            fetch_errors,
+            in_flight_sources: Mutex::default(),
+        })
+    }
+
+    /// The handles of one registration, and its in-flight count, read at each scrape
+    /// (the runtime keeps that count anyway: exposing it costs nothing per delivery).
+    pub(crate) fn instruments(
+        &self,
+        registration: &str,
+        address: &str,
+        transport: &'static str,
+        in_flight: Arc<InFlight>,
+    ) -> Instruments {
+        let labels = Labels {
+            registration: registration.to_owned(),
+            address: address.to_owned(),
+            transport,
+        };
+        let kind = |kind: &'static str| KindLabels {
+            registration: labels.registration.clone(),
+            address: labels.address.clone(),
+            transport,
+            kind,
+        };
+        self.lock_in_flight()
+            .push((self.in_flight.get_or_create_owned(&labels), in_flight));
+        Instruments {
+            deliveries: self.deliveries.get_or_create_owned(&labels),
+            outcomes: Outcome::ALL.map(|o| self.outcomes.get_or_create_owned(&kind(o.label()))),
+            duration: self.duration.get_or_create_owned(&labels),
+            delayed: self.delayed.get_or_create_owned(&labels),
+            copies: [
+                self.copies.get_or_create_owned(&kind("retry_copy")),
+                self.copies.get_or_create_owned(&kind("dead_letter")),
+            ],
+            copy_failures: [
+                self.copy_failures.get_or_create_owned(&kind("transient")),
+                self.copy_failures.get_or_create_owned(&kind("refused")),
+                self.copy_failures.get_or_create_owned(&kind("lost")),
+            ],
+            settle_errors: [
+                self.settle_errors.get_or_create_owned(&kind("failed")),
+                self.settle_errors.get_or_create_owned(&kind("unsupported")),
+            ],
+            fetch_errors: self.fetch_errors.get_or_create_owned(&labels),
+        }
+    }
+
+    fn lock_in_flight(&self) -> MutexGuard<'_, Vec<(Gauge, Arc<InFlight>)>> {
+        self.in_flight_sources
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The Prometheus text exposition of every series.
+    pub(crate) fn encode(&self) -> String {
+        let mut out = String::new();
+        {
+            // Registrations that share a name and address share a series: their sum.
+            let sources = self.lock_in_flight();
+            for (gauge, _) in sources.iter() {
+                gauge.set(0);
+            }
+            for (gauge, in_flight) in sources.iter() {
+                gauge.inc_by(i64::try_from(in_flight.count()).unwrap_or(i64::MAX));
+            }
+        }
+        let registry = self.registry.lock().unwrap_or_else(PoisonError::into_inner);
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
+        out
+    }
+}
+
+/// One registration's handles (clones of the series' own atomics).
+#[derive(Clone)]
+pub(crate) struct Instruments {
+    pub(crate) deliveries: Counter,
+    outcomes: [Counter; 9],
+    pub(crate) duration: Histogram,
+    pub(crate) delayed: Gauge,
+    copies: [Counter; 2],
+    copy_failures: [Counter; 3],
+    settle_errors: [Counter; 2],
+    pub(crate) fetch_errors: Counter,
+}
+
+impl Instruments {
+    pub(crate) fn outcome(&self, outcome: Outcome) {
+        self.outcomes[outcome as usize].inc();
+    }
+
+    pub(crate) fn published(&self, copy: Published) {
+        self.copies[copy as usize].inc();
+    }
+
+    pub(crate) fn copy_failed(&self, failure: CopyFailure) {
+        self.copy_failures[failure as usize].inc();
+    }
+
+    pub(crate) fn settle_failed(&self, error: SettleError) {
+        self.settle_errors[error as usize].inc();
+    }
+}

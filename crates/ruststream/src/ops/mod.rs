@@ -1,0 +1,140 @@
+//! What an operator sees of a running app: Prometheus metrics and the health endpoints.
+//!
+//! Turned on with [`App::ops`](crate::App::ops) (serves on `127.0.0.1`) or
+//! [`App::ops_on`](crate::App::ops_on) (any address, an explicit choice), or
+//! [`App::metrics`](crate::App::metrics) to collect without serving. Off, the runtime
+//! pays one branch per delivery for it.
+//!
+//! | path | answers |
+//! |---|---|
+//! | `/metrics` | every series below, Prometheus text format |
+//! | `/health/live` | `200` while the process runs |
+//! | `/health/ready` | `200` once every subscription is open, its connection up and its last fetch fine; `503` with the reasons otherwise, and from the moment a stop is asked (drain) |
+//!
+//! Series (labels `registration`, `address`, `transport`; `kind` where named):
+//!
+//! | series | what |
+//! |---|---|
+//! | `ruststream_deliveries_total` | deliveries fetched |
+//! | `ruststream_outcomes_total{kind}` | handled deliveries by how they ended: `ack`, `drop`, `retry`, `retry_after`, `dead_lettered` (the runtime published it to the dead-letter address), `error` (the handler returned `Err`), `panicked`, `timed_out`, `undecodable` |
+//! | `ruststream_handler_duration_seconds` | histogram, from the call (extractors included) to the answer |
+//! | `ruststream_in_flight` | fetched and not settled: running, queued for a lane, or waiting for a delayed copy |
+//! | `ruststream_delayed` | of those, waiting in this process for a delayed retry copy |
+//! | `ruststream_copies_published_total{kind}` | `retry_copy`, `dead_letter`: published and confirmed before the original settled |
+//! | `ruststream_copy_failures_total{kind}` | `transient` (tried again), `refused` (the original comes back later or is held), `lost` (nothing can bring the original back: Core NATS) |
+//! | `ruststream_settle_errors_total{kind}` | `failed` (the broker or connection failed it), `unsupported` (the transport has no such operation, e.g. every Core NATS ack, by design) |
+//! | `ruststream_fetch_errors_total` | fetches that failed (a broker down shows here) |
+//!
+//! What to alert on is in the README ("Operating a service").
+
+mod metrics;
+mod server;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use ruststream_core::LinkProbe;
+use tokio::sync::watch;
+
+pub(crate) use metrics::{CopyFailure, Instruments, Metrics, Outcome, Published, SettleError};
+pub(crate) use server::serve;
+
+/// What the readiness check reads.
+pub(crate) struct Health {
+    stop: watch::Receiver<bool>,
+    started: AtomicBool,
+    subscriptions: Mutex<Vec<Arc<SubscriptionHealth>>>,
+}
+
+/// One subscription's part of readiness, updated by its driver.
+pub(crate) struct SubscriptionHealth {
+    registration: Arc<str>,
+    address: String,
+    link: Option<LinkProbe>,
+    fetch_failing: AtomicBool,
+    ended: AtomicBool,
+}
+
+impl SubscriptionHealth {
+    pub(crate) fn fetch_failed(&self, failing: bool) {
+        self.fetch_failing.store(failing, Ordering::Relaxed);
+    }
+
+    pub(crate) fn ended(&self) {
+        self.ended.store(true, Ordering::Relaxed);
+    }
+}
+
+impl Health {
+    pub(crate) fn new(stop: watch::Receiver<bool>) -> Arc<Self> {
+        Arc::new(Self {
+            stop,
+            started: AtomicBool::new(false),
+            subscriptions: Mutex::default(),
+        })
+    }
+
+    pub(crate) fn add(
+        &self,
+        registration: Arc<str>,
+        address: String,
+        link: Option<LinkProbe>,
+    ) -> Arc<SubscriptionHealth> {
+        let health = Arc::new(SubscriptionHealth {
+            registration,
+            address,
+            link,
+            fetch_failing: AtomicBool::new(false),
+            ended: AtomicBool::new(false),
+        });
+        self.subscriptions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Arc::clone(&health));
+        health
+    }
+
+    /// Every subscription is open.
+    pub(crate) fn started(&self) {
+        self.started.store(true, Ordering::Relaxed);
+    }
+
+    /// Why the app is not ready; empty when it is. Link probes may block briefly (a
+    /// metadata request): call this off the async threads.
+    pub(crate) fn not_ready(&self) -> Vec<String> {
+        let mut reasons = Vec::new();
+        if *self.stop.borrow() {
+            reasons.push("stopping: draining and closing".to_owned());
+        }
+        if !self.started.load(Ordering::Relaxed) {
+            reasons.push("starting: not every subscription is open yet".to_owned());
+        }
+        let subscriptions = self
+            .subscriptions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        for s in subscriptions {
+            let name = |what: &str| {
+                format!(
+                    "registration `{}` on `{}`: {what}",
+                    s.registration, s.address
+                )
+            };
+            if s.ended.load(Ordering::Relaxed) {
+                reasons.push(name("its subscription ended"));
+            } else if s.link.as_ref().is_some_and(|up| !up()) {
+                reasons.push(name("its connection to the broker is down"));
+            } else if s.fetch_failing.load(Ordering::Relaxed) {
+                reasons.push(name("its last fetch from the broker failed"));
+            }
+        }
+        reasons
+    }
+}
+
+/// What the endpoint serves.
+pub(crate) struct Ops {
+    pub(crate) metrics: Option<Arc<Metrics>>,
+    pub(crate) health: Arc<Health>,
+}

@@ -1,0 +1,172 @@
+//! The ops endpoint on the memory broker: every outcome counted once, copies and dead
+//! letters counted, health and readiness through a stop (issue #14).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ruststream::memory::MemoryBroker;
+use ruststream::{App, HandlerOutcome, Message, State, on};
+use ruststream_test_support::ops::{get, sample};
+use tokio::sync::Semaphore;
+
+async fn answer(Message(word): Message<String>) -> Result<HandlerOutcome, String> {
+    match word.as_str() {
+        "ack" => Ok(HandlerOutcome::ack()),
+        "drop" => Ok(HandlerOutcome::drop()),
+        "fail" => Err("refused".to_owned()),
+        "later" => Ok(HandlerOutcome::retry_after(Duration::from_millis(10))),
+        _ => Ok(HandlerOutcome::retry()),
+    }
+}
+
+async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn ops_metrics_count_every_outcome_copy_and_dead_letter() {
+    let broker = MemoryBroker::recording();
+    let app = App::new().ops(0).register(
+        on(broker.topic("words").runtime_retries(), answer)
+            .name("words")
+            .max_attempts(3)
+            .dead_letter("words.dead"),
+    );
+    let running = app.start().await.unwrap();
+    let addr = running.ops_addr().expect("ops endpoint on");
+    assert!(addr.ip().is_loopback(), "App::ops binds 127.0.0.1");
+    let publisher = broker.publisher();
+    // 3 acks, 2 drops, 1 that always fails (3 attempts, then a dead letter), 1 that
+    // always asks again (the same), 1 answered retry_after (3 attempts, dead letter).
+    for word in [
+        "ack", "ack", "ack", "drop", "drop", "fail", "again", "later",
+    ] {
+        publisher.to("words").send(word).await.unwrap();
+    }
+    wait_until("three dead letters", || {
+        broker.published("words.dead").len() == 3
+    })
+    .await;
+    wait_until("nothing in flight", || running.in_flight() == 0).await;
+
+    let (status, metrics) = get(addr, "/metrics").await;
+    assert_eq!(status, 200);
+    let words = [
+        "registration=\"words\"",
+        "address=\"words\"",
+        "transport=\"memory\"",
+    ];
+    let count = |name: &str, kind: Option<&str>| {
+        let kind = kind.map(|k| format!("kind=\"{k}\""));
+        let mut parts = words.to_vec();
+        parts.extend(kind.as_deref());
+        sample(&metrics, name, &parts)
+    };
+    // 8 originals + 2 retry copies for each of the 3 that never succeed.
+    assert_eq!(
+        count("ruststream_deliveries_total", None),
+        14.0,
+        "{metrics}"
+    );
+    assert_eq!(count("ruststream_outcomes_total", Some("ack")), 3.0);
+    assert_eq!(count("ruststream_outcomes_total", Some("drop")), 2.0);
+    // Attempts 1 and 2 answer as the handler did; the third is dead-lettered.
+    assert_eq!(count("ruststream_outcomes_total", Some("error")), 2.0);
+    assert_eq!(count("ruststream_outcomes_total", Some("retry")), 2.0);
+    assert_eq!(count("ruststream_outcomes_total", Some("retry_after")), 2.0);
+    assert_eq!(
+        count("ruststream_outcomes_total", Some("dead_lettered")),
+        3.0
+    );
+    assert_eq!(
+        count("ruststream_copies_published_total", Some("retry_copy")),
+        6.0
+    );
+    assert_eq!(
+        count("ruststream_copies_published_total", Some("dead_letter")),
+        3.0
+    );
+    assert_eq!(
+        count("ruststream_handler_duration_seconds_count", None),
+        14.0
+    );
+    assert_eq!(count("ruststream_in_flight", None), 0.0);
+    assert_eq!(count("ruststream_delayed", None), 0.0);
+    assert_eq!(count("ruststream_copy_failures_total", None), 0.0);
+    assert_eq!(get(addr, "/health/live").await.0, 200);
+    assert_eq!(
+        get(addr, "/health/ready").await,
+        (200, "ready\n".to_owned())
+    );
+    assert_eq!(get(addr, "/nothing").await.0, 404);
+    running.stop().await;
+}
+
+async fn blocks(Message(_): Message<String>, State(gate): State<Arc<Semaphore>>) -> HandlerOutcome {
+    let _permit = gate.acquire().await;
+    HandlerOutcome::ack()
+}
+
+#[tokio::test]
+async fn ops_ready_after_start_and_not_ready_while_draining() {
+    let broker = MemoryBroker::new();
+    let gate = Arc::new(Semaphore::new(0));
+    let app = App::new()
+        .ops(0)
+        .state(Arc::clone(&gate))
+        .register(on(broker.topic("jobs"), blocks).name("jobs"));
+    let running = app.start().await.unwrap();
+    let addr = running.ops_addr().unwrap();
+    assert_eq!(
+        get(addr, "/health/ready").await.0,
+        200,
+        "ready once started"
+    );
+    broker.publisher().to("jobs").send("x").await.unwrap();
+    wait_until("the handler running", || running.in_flight() == 1).await;
+    let stopping = tokio::spawn(running.stop());
+    // The handler holds the drain open: the endpoint still answers, not ready.
+    let (status, body) = get(addr, "/health/ready").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("stopping"), "{body}");
+    assert_eq!(
+        get(addr, "/health/live").await.0,
+        200,
+        "live while draining"
+    );
+    gate.add_permits(1);
+    stopping.await.unwrap();
+    assert!(
+        tokio::net::TcpStream::connect(addr).await.is_err(),
+        "the endpoint closes with the app"
+    );
+}
+
+#[tokio::test]
+async fn ops_off_by_default_and_a_taken_port_is_a_start_error() {
+    let broker = MemoryBroker::new();
+    let running = App::new()
+        .register(on(broker.topic("a"), answer))
+        .start()
+        .await
+        .unwrap();
+    assert!(running.ops_addr().is_none());
+    assert!(running.metrics().is_none());
+    running.stop().await;
+
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let error = App::new()
+        .ops(port)
+        .register(on(broker.topic("a"), answer))
+        .start()
+        .await
+        .unwrap_err();
+    let text = error.to_string();
+    assert!(text.contains(&format!("127.0.0.1:{port}")), "{text}");
+    assert!(text.contains("ops endpoint"), "{text}");
+}
