@@ -157,3 +157,96 @@ impl Drop for Prometheus {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// What the scrape tests publish, one message each, as JSON strings.
+pub const WORDS: [&str; 6] = ["ack", "ack", "ack", "drop", "drop", "fail"];
+
+/// A JSON string payload.
+pub fn payload(word: &str) -> bytes::Bytes {
+    bytes::Bytes::from(format!("\"{word}\""))
+}
+
+/// The scrape tests' handler: acks `ack`, drops `drop`, fails anything else.
+pub async fn answer(
+    ruststream::Message(word): ruststream::Message<String>,
+) -> Result<ruststream::HandlerOutcome, String> {
+    match word.as_str() {
+        "ack" => Ok(ruststream::HandlerOutcome::ack()),
+        "drop" => Ok(ruststream::HandlerOutcome::drop()),
+        _ => Err("refused".to_owned()),
+    }
+}
+
+/// Outcome counts that differ by transport for [`WORDS`] under `max_attempts(3)`.
+#[derive(Debug, Clone, Copy)]
+pub struct Expect {
+    /// `kind="error"`: attempts the handler failed that the runtime did not dead-letter.
+    pub error: f64,
+    /// `kind="dead_lettered"`, and dead-letter copies published: where the runtime
+    /// dead-letters (everywhere but Pulsar, whose broker moves the message itself).
+    pub dead_lettered: f64,
+}
+
+/// Starts a real Prometheus scraping `running`'s ops endpoint and waits until what it
+/// scraped for `registration` equals what [`WORDS`] must give: 3 acks, 2 drops, the
+/// failures and dead letters of `expect`, nothing left in flight; and checks readiness.
+pub async fn assert_scraped(running: &ruststream::Running, registration: &str, expect: Expect) {
+    let addr = running
+        .ops_addr()
+        .expect("the app serves its ops endpoint (App::ops)");
+    let prometheus = Prometheus::start(&[addr]).await;
+    let within = Duration::from_secs(60);
+    let of = |series: &str, kind: &str| {
+        format!("sum({series}{{registration=\"{registration}\",kind=\"{kind}\"}})")
+    };
+    prometheus
+        .wait_for("up{job=\"service\"}", 1.0, within)
+        .await;
+    prometheus
+        .wait_for(&of("ruststream_outcomes_total", "ack"), 3.0, within)
+        .await;
+    prometheus
+        .wait_for(&of("ruststream_outcomes_total", "drop"), 2.0, within)
+        .await;
+    prometheus
+        .wait_for(
+            &of("ruststream_outcomes_total", "error"),
+            expect.error,
+            within,
+        )
+        .await;
+    if expect.dead_lettered > 0.0 {
+        prometheus
+            .wait_for(
+                &of("ruststream_outcomes_total", "dead_lettered"),
+                expect.dead_lettered,
+                within,
+            )
+            .await;
+        prometheus
+            .wait_for(
+                &of("ruststream_copies_published_total", "dead_letter"),
+                expect.dead_lettered,
+                within,
+            )
+            .await;
+    }
+    prometheus
+        .wait_for(
+            &format!("sum(ruststream_in_flight{{registration=\"{registration}\"}})"),
+            0.0,
+            within,
+        )
+        .await;
+    prometheus
+        .wait_for(
+            &format!(
+                "sum(ruststream_handler_duration_seconds_count{{registration=\"{registration}\"}})"
+            ),
+            5.0 + expect.error + expect.dead_lettered,
+            within,
+        )
+        .await;
+    let (status, body) = get(addr, "/health/ready").await;
+    assert_eq!(status, 200, "ready while the broker is up: {body}");
+}
