@@ -9,7 +9,7 @@
 //! |---|---|
 //! | `/metrics` | every series below, Prometheus text format |
 //! | `/health/live` | `200` while the process runs |
-//! | `/health/ready` | `200` once every subscription is open, its connection up and its last fetch fine; `503` with the reasons otherwise, and from the moment a stop is asked (drain) |
+//! | `/health/ready` | `200` once every subscription is open, its connection up (NATS: the client's connection state; Kafka: a broker answers a metadata request within 2 s; Pulsar: no probe) and no fetch failed in the last 3 s; `503` with the reasons otherwise, and from the moment a stop is asked (drain) |
 //!
 //! Series (labels `registration`, `address`, `transport`; `kind` where named):
 //!
@@ -30,8 +30,9 @@
 mod metrics;
 mod server;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use ruststream_core::LinkProbe;
 use tokio::sync::watch;
@@ -51,13 +52,40 @@ pub(crate) struct SubscriptionHealth {
     registration: Arc<str>,
     address: String,
     link: Option<LinkProbe>,
-    fetch_failing: AtomicBool,
+    /// When a fetch last failed, in milliseconds after `since` (0: never, or it worked
+    /// since).
+    fetch_failed_at: AtomicU64,
+    since: Instant,
     ended: AtomicBool,
 }
 
+/// A fetch failure counts against readiness this long: while a broker is away the
+/// driver's fetches fail every 200 ms, and once they stop failing the subscription is
+/// ready again even if nothing arrives to fetch.
+const FETCH_FAILURE_COUNTS: Duration = Duration::from_secs(3);
+
 impl SubscriptionHealth {
     pub(crate) fn fetch_failed(&self, failing: bool) {
-        self.fetch_failing.store(failing, Ordering::Relaxed);
+        let at = if failing {
+            u64::try_from(self.since.elapsed().as_millis())
+                .unwrap_or(u64::MAX)
+                .max(1)
+        } else {
+            0
+        };
+        self.fetch_failed_at.store(at, Ordering::Relaxed);
+    }
+
+    fn fetch_failing(&self) -> bool {
+        match self.fetch_failed_at.load(Ordering::Relaxed) {
+            0 => false,
+            at => {
+                self.since
+                    .elapsed()
+                    .saturating_sub(Duration::from_millis(at))
+                    < FETCH_FAILURE_COUNTS
+            }
+        }
     }
 
     pub(crate) fn ended(&self) {
@@ -84,7 +112,8 @@ impl Health {
             registration,
             address,
             link,
-            fetch_failing: AtomicBool::new(false),
+            fetch_failed_at: AtomicU64::new(0),
+            since: Instant::now(),
             ended: AtomicBool::new(false),
         });
         self.subscriptions
@@ -125,8 +154,8 @@ impl Health {
                 reasons.push(name("its subscription ended"));
             } else if s.link.as_ref().is_some_and(|up| !up()) {
                 reasons.push(name("its connection to the broker is down"));
-            } else if s.fetch_failing.load(Ordering::Relaxed) {
-                reasons.push(name("its last fetch from the broker failed"));
+            } else if s.fetch_failing() {
+                reasons.push(name("fetching from the broker failed in the last seconds"));
             }
         }
         reasons
