@@ -99,19 +99,18 @@ async fn core_raw(publisher: &Nats, service: &Nats, round: usize) -> Figures {
     consumer.await.unwrap()
 }
 
-async fn core_framework(publisher: &Nats, service: &Nats, round: usize) -> Figures {
-    let subject = format!("bench.core.fw.{round}.{}", std::process::id());
+async fn core_framework(publisher: &Nats, service: &Nats, round: usize, metrics: bool) -> Figures {
+    let subject = format!("bench.core.fw.{round}.{metrics}.{}", std::process::id());
     let span = Span::new(CORE_MESSAGES);
     let (service, consumer_span, consumer_subject) =
         (service.clone(), Arc::clone(&span), subject.clone());
     let (ready_tx, ready) = tokio::sync::oneshot::channel();
     let consumer = tokio::spawn(own_thread(move || async move {
-        let running = App::new()
+        let app = App::new()
             .state(Arc::clone(&consumer_span))
-            .register(on(service.subject(&consumer_subject), handle))
-            .start()
-            .await
-            .unwrap();
+            .register(on(service.subject(&consumer_subject), handle));
+        let app = if metrics { app.metrics() } else { app };
+        let running = app.start().await.unwrap();
         service.client().flush().await.unwrap();
         let _ = ready_tx.send(());
         Span::wait(&consumer_span, QUIET, LIMIT).await;
@@ -237,16 +236,18 @@ async fn main() {
     let nats = Nats::connect(&url).await.expect("connect");
     let service = Nats::connect(&url).await.expect("connect");
     let load = load_average();
-    let mut figures: [Vec<Figures>; 4] = Default::default();
+    let mut figures: [Vec<Figures>; 5] = Default::default();
     for round in 0..ROUNDS {
         // Alternate the order so neither side always runs on a warmer server.
         let (raw, fw) = if round % 2 == 0 {
             let raw = core_raw(&nats, &service, round).await;
-            (raw, core_framework(&nats, &service, round).await)
+            (raw, core_framework(&nats, &service, round, false).await)
         } else {
-            let fw = core_framework(&nats, &service, round).await;
+            let fw = core_framework(&nats, &service, round, false).await;
             (core_raw(&nats, &service, round).await, fw)
         };
+        // The same with metrics on (issue #14), compared with the run just above.
+        figures[4].push(core_framework(&nats, &service, round, true).await);
         figures[0].push(raw);
         figures[1].push(fw);
         let (raw, fw) = if round % 2 == 0 {
@@ -275,6 +276,17 @@ async fn main() {
             &format!("nats/jetstream pull+ack ({JS_MESSAGES} messages)"),
             &figures[2],
             &figures[3],
+            &load
+        )
+    );
+    println!(
+        "{}",
+        report(
+            &format!(
+                "nats/core metrics off (as raw) vs on (as ruststream) ({CORE_MESSAGES} messages)"
+            ),
+            &figures[1],
+            &figures[4],
             &load
         )
     );

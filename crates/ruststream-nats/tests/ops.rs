@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use common::{create_stream, nats, unique};
 use ruststream::{App, Headers, on};
-use ruststream_test_support::ops::{Expect, WORDS, answer, assert_scraped, get, payload};
+use ruststream_test_support::ops::{
+    Expect, WORDS, answer, assert_dashboard_queries, assert_scraped, get, payload,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ops_prometheus_scrapes_jetstream_outcomes_and_dead_letters() {
@@ -32,7 +34,7 @@ async fn ops_prometheus_scrapes_jetstream_outcomes_and_dead_letters() {
             .await
             .expect("publish");
     }
-    assert_scraped(
+    let prometheus = assert_scraped(
         &running,
         "words",
         Expect {
@@ -41,6 +43,7 @@ async fn ops_prometheus_scrapes_jetstream_outcomes_and_dead_letters() {
         },
     )
     .await;
+    assert_dashboard_queries(&prometheus).await;
     running.stop().await;
 }
 

@@ -190,7 +190,11 @@ pub struct Expect {
 /// Starts a real Prometheus scraping `running`'s ops endpoint and waits until what it
 /// scraped for `registration` equals what [`WORDS`] must give: 3 acks, 2 drops, the
 /// failures and dead letters of `expect`, nothing left in flight; and checks readiness.
-pub async fn assert_scraped(running: &ruststream::Running, registration: &str, expect: Expect) {
+pub async fn assert_scraped(
+    running: &ruststream::Running,
+    registration: &str,
+    expect: Expect,
+) -> Prometheus {
     let addr = running
         .ops_addr()
         .expect("the app serves its ops endpoint (App::ops)");
@@ -249,4 +253,51 @@ pub async fn assert_scraped(running: &ruststream::Running, registration: &str, e
         .await;
     let (status, body) = get(addr, "/health/ready").await;
     assert_eq!(status, 200, "ready while the broker is up: {body}");
+    prometheus
+}
+
+/// Every query of the project's Grafana dashboard (`ops/grafana-dashboard.json`) runs on
+/// `prometheus` without an error, and those over counters and gauges the scenario
+/// touched return series.
+pub async fn assert_dashboard_queries(prometheus: &Prometheus) {
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../ops/grafana-dashboard.json");
+    let text = std::fs::read_to_string(&path).expect("the dashboard");
+    let dashboard: serde_json::Value = serde_json::from_str(&text).expect("the dashboard is JSON");
+    let panels = dashboard["panels"].as_array().expect("panels");
+    // A rate needs two samples in its window: wait for a few scrapes.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while prometheus
+        .query("count_over_time(up[1m])")
+        .await
+        .first()
+        .is_none_or(|scrapes| *scrapes < 3.0)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "prometheus scraped fewer than 3 times in 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let mut queried = 0;
+    for panel in panels {
+        for target in panel["targets"].as_array().expect("targets") {
+            let expr = target["expr"]
+                .as_str()
+                .expect("expr")
+                .replace("$registration", ".*")
+                .replace("$__rate_interval", "1m");
+            // `query` asserts Prometheus answered 200 (a parse error is a 400).
+            let values = prometheus.query(&expr).await;
+            let title = panel["title"].as_str().unwrap_or_default();
+            if title.starts_with("Throughput")
+                || title.starts_with("Outcomes")
+                || title.starts_with("In flight")
+            {
+                assert!(!values.is_empty(), "`{expr}` ({title}) returned nothing");
+            }
+            queried += 1;
+        }
+    }
+    assert!(queried >= 6, "the dashboard has its queries");
 }

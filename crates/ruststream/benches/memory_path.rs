@@ -59,6 +59,12 @@ async fn run(n: usize, prefill: bool, count_allocations: bool) -> Measure {
     let app = App::new()
         .state(Arc::clone(&done))
         .register(on(broker.topic("ticks"), handle));
+    // `MEMORY_PATH_METRICS=1`: the same with metrics collected (issue #14).
+    let app = if std::env::var_os("MEMORY_PATH_METRICS").is_some() {
+        app.metrics()
+    } else {
+        app
+    };
     let profiler = count_allocations.then(|| dhat::Profiler::builder().testing().build());
     let started = Instant::now();
     let running = app.start().await.expect("start");
