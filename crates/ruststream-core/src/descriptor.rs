@@ -69,6 +69,23 @@ pub trait Descriptor: Send + 'static {
 /// Tells whether a connection is up (see [`Subscription::link`]).
 pub type LinkProbe = Arc<dyn Fn() -> bool + Send + Sync>;
 
+/// One figure of a subscription's backlog, as the broker tells it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Backlog {
+    /// `pending` (not yet delivered to the group: Kafka high watermark − committed,
+    /// JetStream `num_pending`), `ack_pending` (delivered, not acknowledged: JetStream
+    /// `num_ack_pending`), `slow_consumer_dropped` (Core NATS, since the start).
+    pub kind: &'static str,
+    /// The partition, where the figure is per partition (Kafka).
+    pub partition: Option<i32>,
+    /// The figure.
+    pub value: u64,
+}
+
+/// Asks the broker for a subscription's backlog (see [`Subscription::backlog`]).
+pub type BacklogProbe =
+    Arc<dyn Fn() -> crate::BoxFuture<'static, Result<Vec<Backlog>, String>> + Send + Sync>;
+
 /// An open subscription. Exactly one task, the subscription's driver, calls it.
 pub trait Subscription: Send + 'static {
     /// What the transport needs to settle one delivery (an ack subject, a partition and
@@ -113,6 +130,12 @@ pub trait Subscription: Send + 'static {
     /// readiness check, which calls it from any thread (off the async threads: it may
     /// block briefly). `None`: readiness goes by fetch errors alone.
     fn link(&self) -> Option<LinkProbe> {
+        None
+    }
+
+    /// What the broker tells about this subscription's backlog, asked when metrics are
+    /// scraped (from another task). `None`: nothing to ask.
+    fn backlog(&self) -> Option<BacklogProbe> {
         None
     }
 

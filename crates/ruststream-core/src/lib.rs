@@ -47,7 +47,7 @@ mod wait;
 pub use capabilities::{Capabilities, DeadLetters, DelayedRedelivery, Verb};
 pub use declaration::Declaration;
 pub use delivery::{Attempt, AttemptSource, Delivery, Metadata};
-pub use descriptor::{Descriptor, LinkProbe, Subscription};
+pub use descriptor::{Backlog, BacklogProbe, Descriptor, LinkProbe, Subscription};
 pub use error::{AckError, PublishError, PublishErrorKind, SubscribeError};
 pub use headers::{Headers, MalformedRetryCount, RETRY_COUNT_HEADER};
 pub use outcome::{HandlerOutcome, OutcomeKind};

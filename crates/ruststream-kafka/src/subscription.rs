@@ -10,7 +10,8 @@ use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::error::KafkaResult;
 use rdkafka::message::{BorrowedMessage, Headers as _, Message};
 use ruststream_core::{
-    AckError, Attempt, Delivery, Headers, LinkProbe, Metadata, Settle, SubscribeError, Subscription,
+    AckError, Attempt, Backlog, BacklogProbe, Delivery, Headers, LinkProbe, Metadata, Settle,
+    SubscribeError, Subscription,
 };
 
 use crate::close::off_runtime;
@@ -393,8 +394,49 @@ impl KafkaSubscription {
     }
 }
 
+/// How far the group is behind on each partition assigned to `consumer` (blocking).
+fn lag(consumer: &StreamConsumer<TrackingContext>) -> Result<Vec<Backlog>, String> {
+    const ASK: Duration = Duration::from_secs(2);
+    let assignment = consumer.assignment().map_err(|e| e.to_string())?;
+    let committed = consumer
+        .committed_offsets(assignment, ASK)
+        .map_err(|e| e.to_string())?;
+    committed
+        .elements()
+        .iter()
+        .map(|element| {
+            let (low, high) = consumer
+                .fetch_watermarks(element.topic(), element.partition(), ASK)
+                .map_err(|e| e.to_string())?;
+            let from = match element.offset() {
+                rdkafka::Offset::Offset(offset) => offset,
+                _ => low,
+            };
+            Ok(Backlog {
+                kind: "pending",
+                partition: Some(element.partition()),
+                value: u64::try_from(high.saturating_sub(from)).unwrap_or(0),
+            })
+        })
+        .collect()
+}
+
 impl Subscription for KafkaSubscription {
     type Receipt = KafkaReceipt;
+
+    /// Per assigned partition, the high watermark minus the group's committed offset
+    /// (the low watermark where nothing is committed yet), asked of the cluster.
+    fn backlog(&self) -> Option<BacklogProbe> {
+        let consumer = Arc::clone(self.consumer.as_ref()?);
+        Some(Arc::new(move || {
+            let consumer = Arc::clone(&consumer);
+            Box::pin(async move {
+                tokio::task::spawn_blocking(move || lag(&consumer))
+                    .await
+                    .map_err(|e| e.to_string())?
+            })
+        }))
+    }
 
     /// Up while a broker of the cluster answers a metadata request within two seconds
     /// (librdkafka reconnects by itself; it reports no "connected" state to ask).

@@ -5,7 +5,9 @@ mod common;
 use common::{create_topic, kafka, produce, topic, unique};
 use ruststream::{App, Headers, on};
 use ruststream_kafka::Commit;
-use ruststream_test_support::ops::{Expect, WORDS, answer, assert_scraped, payload};
+use ruststream_test_support::ops::{
+    Expect, WORDS, answer, assert_scraped, backlog_becomes, payload,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ops_prometheus_scrapes_kafka_outcomes_and_dead_letters() {
@@ -36,7 +38,53 @@ async fn ops_prometheus_scrapes_kafka_outcomes_and_dead_letters() {
         Expect {
             error: 2.0,
             dead_lettered: 1.0,
+            backlog: &["pending"],
         },
+    )
+    .await;
+    running.stop().await;
+}
+
+async fn held(
+    ruststream::Message(_): ruststream::Message<String>,
+    ruststream::State(gate): ruststream::State<std::sync::Arc<tokio::sync::Semaphore>>,
+) -> ruststream::HandlerOutcome {
+    let _permit = gate.acquire().await;
+    ruststream::HandlerOutcome::ack()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ops_kafka_lag_is_high_watermark_minus_committed_and_returns_to_zero() {
+    let kafka = kafka().await;
+    let name = unique("opslag");
+    create_topic(&name, 1).await;
+    for _ in 0..10 {
+        produce(&kafka, &name, None, &payload("ack"), &Headers::new()).await;
+    }
+    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+    let running = App::new()
+        .metrics()
+        .state(std::sync::Arc::clone(&gate))
+        .register(on(topic(&kafka, &name, &unique("g"), Commit::Tracked), held).name("lag"))
+        .start()
+        .await
+        .expect("start");
+    // The first record is held: nothing is committed, all 10 are behind.
+    backlog_becomes(
+        &running,
+        "lag",
+        &["pending"],
+        10.0,
+        std::time::Duration::from_secs(30),
+    )
+    .await;
+    gate.add_permits(100);
+    backlog_becomes(
+        &running,
+        "lag",
+        &["pending"],
+        0.0,
+        std::time::Duration::from_secs(30),
     )
     .await;
     running.stop().await;

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use async_nats::{Client, Subscriber};
 use futures_util::StreamExt;
 use ruststream_core::{
-    AckError, Attempt, Capabilities, Declaration, Delivery, Descriptor, LinkProbe, Publish, Settle,
-    SubscribeError, Subscription,
+    AckError, Attempt, Backlog, BacklogProbe, Capabilities, Declaration, Delivery, Descriptor,
+    LinkProbe, Publish, Settle, SubscribeError, Subscription,
 };
 
 use crate::drops::{SlowConsumers, sid_of};
@@ -105,6 +105,7 @@ async fn subscribe(
         drops.register(sid, subject);
     }
     Ok(CoreSubscription {
+        subject: Arc::from(subject),
         client: client.clone(),
         subscriber,
         last_subject: Arc::from(""),
@@ -203,6 +204,8 @@ impl Descriptor for CoreWildcard {
 /// An open Core subscription.
 #[derive(Debug)]
 pub struct CoreSubscription {
+    /// The subject or pattern subscribed to.
+    subject: Arc<str>,
     client: Client,
     subscriber: Subscriber,
     /// The subject of the last message, shared by the deliveries that follow on it.
@@ -216,6 +219,22 @@ impl Subscription for CoreSubscription {
 
     fn link(&self) -> Option<LinkProbe> {
         Some(crate::link(&self.client))
+    }
+
+    /// Messages the client dropped for this subscription since the start (slow consumer).
+    fn backlog(&self) -> Option<BacklogProbe> {
+        let (_, drops) = self.drops.as_ref()?;
+        let (drops, subject) = (Arc::clone(drops), Arc::clone(&self.subject));
+        Some(Arc::new(move || {
+            let value = drops.on(&subject);
+            Box::pin(async move {
+                Ok(vec![Backlog {
+                    kind: "slow_consumer_dropped",
+                    partition: None,
+                    value,
+                }])
+            })
+        }))
     }
 
     async fn next(&mut self) -> Option<Result<(Delivery, ()), SubscribeError>> {

@@ -11,8 +11,9 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use ruststream_core::hash::SpreadMap;
 use ruststream_core::{
-    AckError, Attempt, Capabilities, DeadLetters, Declaration, DelayedRedelivery, Delivery,
-    Descriptor, LinkProbe, Metadata, Publish, Settle, StartAt, SubscribeError, Subscription, Verb,
+    AckError, Attempt, Backlog, BacklogProbe, Capabilities, DeadLetters, Declaration,
+    DelayedRedelivery, Delivery, Descriptor, LinkProbe, Metadata, Publish, Settle, StartAt,
+    SubscribeError, Subscription, Verb,
 };
 use tokio::task::JoinHandle;
 
@@ -273,6 +274,8 @@ impl Descriptor for JetStreamConsumer {
         });
         Ok(JetStreamSubscription {
             client: self.client,
+            stream_name: Arc::from(self.stream.as_str()),
+            consumer_name: Arc::from(self.consumer.as_str()),
             messages,
             address: Arc::from(address.as_str()),
             double_ack: self.double_ack,
@@ -395,6 +398,8 @@ async fn keep_alive(
 /// An open JetStream subscription.
 pub struct JetStreamSubscription {
     client: Client,
+    stream_name: Arc<str>,
+    consumer_name: Arc<str>,
     messages: pull::Stream,
     address: Arc<str>,
     double_ack: bool,
@@ -416,6 +421,41 @@ impl Subscription for JetStreamSubscription {
 
     fn link(&self) -> Option<LinkProbe> {
         Some(crate::link(&self.client))
+    }
+
+    /// The consumer's `num_pending` and `num_ack_pending`, from a consumer info request.
+    fn backlog(&self) -> Option<BacklogProbe> {
+        let (client, stream, consumer) = (
+            self.client.clone(),
+            Arc::clone(&self.stream_name),
+            Arc::clone(&self.consumer_name),
+        );
+        Some(Arc::new(move || {
+            let (client, stream, consumer) =
+                (client.clone(), Arc::clone(&stream), Arc::clone(&consumer));
+            Box::pin(async move {
+                let stream = async_nats::jetstream::new(client)
+                    .get_stream(&*stream)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let info = stream
+                    .consumer_info(&*consumer)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok(vec![
+                    Backlog {
+                        kind: "pending",
+                        partition: None,
+                        value: info.num_pending,
+                    },
+                    Backlog {
+                        kind: "ack_pending",
+                        partition: None,
+                        value: u64::try_from(info.num_ack_pending).unwrap_or(u64::MAX),
+                    },
+                ])
+            })
+        }))
     }
 
     async fn next(&mut self) -> Option<Result<(Delivery, Receipt), SubscribeError>> {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use common::{create_stream, nats, unique};
 use ruststream::{App, Headers, on};
 use ruststream_test_support::ops::{
-    Expect, WORDS, answer, assert_dashboard_queries, assert_scraped, get, payload,
+    Expect, WORDS, answer, assert_dashboard_queries, assert_scraped, backlog_becomes, get, payload,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -40,6 +40,7 @@ async fn ops_prometheus_scrapes_jetstream_outcomes_and_dead_letters() {
         Expect {
             error: 2.0,
             dead_lettered: 1.0,
+            backlog: &["pending", "ack_pending"],
         },
     )
     .await;
@@ -83,5 +84,40 @@ async fn ops_core_subscription_counts_acks_as_unsupported_settlements() {
         assert!(std::time::Instant::now() < deadline, "{metrics}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    running.stop().await;
+}
+
+async fn held(
+    ruststream::Message(_): ruststream::Message<String>,
+    ruststream::State(gate): ruststream::State<std::sync::Arc<tokio::sync::Semaphore>>,
+) -> ruststream::HandlerOutcome {
+    let _permit = gate.acquire().await;
+    ruststream::HandlerOutcome::ack()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ops_jetstream_backlog_shows_what_waits_and_returns_to_zero() {
+    let nats = nats().await;
+    let name = unique("OPSLAG");
+    create_stream(&nats, &name, std::slice::from_ref(&name)).await;
+    for _ in 0..10 {
+        nats.publisher()
+            .jetstream(&name, &Headers::new(), payload("ack"), None)
+            .await
+            .expect("publish");
+    }
+    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+    let running = App::new()
+        .metrics()
+        .state(std::sync::Arc::clone(&gate))
+        .register(on(nats.consumer(&name, "lag"), held).name("lag"))
+        .start()
+        .await
+        .expect("start");
+    let kinds = ["pending", "ack_pending"];
+    // Nothing acknowledged while the handler holds: all 10 wait, pulled or not.
+    backlog_becomes(&running, "lag", &kinds, 10.0, Duration::from_secs(20)).await;
+    gate.add_permits(100);
+    backlog_becomes(&running, "lag", &kinds, 0.0, Duration::from_secs(20)).await;
     running.stop().await;
 }

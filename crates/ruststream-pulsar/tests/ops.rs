@@ -43,6 +43,7 @@ async fn ops_prometheus_scrapes_pulsar_outcomes() {
         Expect {
             error: 3.0,
             dead_lettered: 0.0,
+            backlog: &[],
         },
     )
     .await;

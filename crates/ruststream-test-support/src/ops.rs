@@ -185,6 +185,8 @@ pub struct Expect {
     /// `kind="dead_lettered"`, and dead-letter copies published: where the runtime
     /// dead-letters (everywhere but Pulsar, whose broker moves the message itself).
     pub dead_lettered: f64,
+    /// The `ruststream_backlog` kinds the transport tells, which must come back to 0.
+    pub backlog: &'static [&'static str],
 }
 
 /// Starts a real Prometheus scraping `running`'s ops endpoint and waits until what it
@@ -300,4 +302,35 @@ pub async fn assert_dashboard_queries(prometheus: &Prometheus) {
         }
     }
     assert!(queried >= 6, "the dashboard has its queries");
+}
+
+/// Polls `running.metrics()` until the sum of `ruststream_backlog` over `kinds` for
+/// `registration` is `want`; panics with the last exposition otherwise.
+pub async fn backlog_becomes(
+    running: &ruststream::Running,
+    registration: &str,
+    kinds: &[&str],
+    want: f64,
+    within: Duration,
+) {
+    let deadline = Instant::now() + within;
+    loop {
+        let metrics = running.metrics().await.expect("metrics on");
+        let registration = format!("registration=\"{registration}\"");
+        let total: f64 = kinds
+            .iter()
+            .map(|kind| {
+                let kind = format!("kind=\"{kind}\"");
+                sample(&metrics, "ruststream_backlog", &[&registration, &kind])
+            })
+            .sum();
+        if (total - want).abs() < 1e-9 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "backlog {kinds:?} is {total}, expected {want} within {within:?}:\n{metrics}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }

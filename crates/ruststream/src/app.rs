@@ -357,9 +357,12 @@ impl Running {
         self.ops_addr
     }
 
-    /// Every metric in the Prometheus text format, when metrics are on.
-    pub fn metrics(&self) -> Option<String> {
-        self.metrics.as_ref().map(|m| m.encode())
+    /// Every metric in the Prometheus text format, when metrics are on (the brokers are
+    /// asked for their backlog first, as at a scrape of `/metrics`).
+    pub async fn metrics(&self) -> Option<String> {
+        let metrics = self.metrics.as_ref()?;
+        metrics.refresh().await;
+        Some(metrics.encode())
     }
 
     /// Deliveries fetched and not settled yet, over every subscription.

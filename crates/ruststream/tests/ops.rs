@@ -155,7 +155,7 @@ async fn ops_off_by_default_and_a_taken_port_is_a_start_error() {
         .await
         .unwrap();
     assert!(running.ops_addr().is_none());
-    assert!(running.metrics().is_none());
+    assert!(running.metrics().await.is_none());
     running.stop().await;
 
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

@@ -13,7 +13,9 @@ use prometheus_client::registry::Registry;
 
 use crate::handler::Completion;
 use crate::runtime::InFlight;
-use ruststream_core::{CopyTarget, OutcomeKind, Plan};
+use std::time::Duration;
+
+use ruststream_core::{BacklogProbe, CopyTarget, OutcomeKind, Plan};
 
 /// The labels every series of a registration carries.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -31,6 +33,19 @@ struct KindLabels {
     transport: &'static str,
     kind: &'static str,
 }
+
+/// The labels of a backlog figure.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BacklogLabels {
+    registration: String,
+    address: String,
+    transport: &'static str,
+    kind: &'static str,
+    partition: String,
+}
+
+/// How long the broker gets to tell a backlog at a scrape.
+const BACKLOG_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// How one delivery ended, as the `ruststream_outcomes_total` series name it (in the
 /// order of `ALL`, which indexes the handles).
@@ -141,6 +156,8 @@ pub(crate) struct Metrics {
     settle_errors: Family<KindLabels, Counter>,
     fetch_errors: Family<Labels, Counter>,
     in_flight_sources: Mutex<Vec<(Gauge, Arc<InFlight>)>>,
+    backlog: Family<BacklogLabels, Gauge>,
+    backlog_probes: Mutex<Vec<(Labels, BacklogProbe)>>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -168,6 +185,16 @@ impl Metrics {
         let copy_failures = Family::default();
         let settle_errors = Family::default();
         let fetch_errors = Family::default();
+        let backlog = Family::default();
+        registry.register(
+            "ruststream_backlog",
+            "What the broker tells about the subscription's backlog, asked at each scrape \
+             (kind: pending = not yet delivered, Kafka high watermark - committed per \
+             partition and JetStream num_pending; ack_pending = delivered and not \
+             acknowledged, JetStream; slow_consumer_dropped = Core NATS messages the \
+             client dropped since the start)",
+            backlog.clone(),
+        );
         registry.register(
             "ruststream_deliveries",
             "Deliveries fetched from the broker",
@@ -229,6 +256,8 @@ impl Metrics {
             settle_errors,
             fetch_errors,
             in_flight_sources: Mutex::default(),
+            backlog,
+            backlog_probes: Mutex::default(),
         })
     }
 
@@ -240,6 +269,7 @@ impl Metrics {
         address: &str,
         transport: &'static str,
         in_flight: Arc<InFlight>,
+        backlog: Option<BacklogProbe>,
     ) -> Instruments {
         let labels = Labels {
             registration: registration.to_owned(),
@@ -254,6 +284,12 @@ impl Metrics {
         };
         self.lock_in_flight()
             .push((self.in_flight.get_or_create_owned(&labels), in_flight));
+        if let Some(probe) = backlog {
+            self.backlog_probes
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push((labels.clone(), probe));
+        }
         Instruments {
             deliveries: self.deliveries.get_or_create_owned(&labels),
             outcomes: Outcome::ALL.map(|o| self.outcomes.get_or_create_owned(&kind(o.label()))),
@@ -280,6 +316,43 @@ impl Metrics {
         self.in_flight_sources
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Asks every subscription's broker for its backlog (each within 3 s; a figure the
+    /// broker does not tell keeps its last value).
+    pub(crate) async fn refresh(&self) {
+        let probes = self
+            .backlog_probes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        for (labels, probe) in probes {
+            match tokio::time::timeout(BACKLOG_TIMEOUT, probe()).await {
+                Ok(Ok(figures)) => {
+                    for figure in figures {
+                        let key = BacklogLabels {
+                            registration: labels.registration.clone(),
+                            address: labels.address.clone(),
+                            transport: labels.transport,
+                            kind: figure.kind,
+                            partition: figure.partition.map(|p| p.to_string()).unwrap_or_default(),
+                        };
+                        self.backlog
+                            .get_or_create(&key)
+                            .set(i64::try_from(figure.value).unwrap_or(i64::MAX));
+                    }
+                }
+                Ok(Err(error)) => tracing::debug!(
+                    registration = labels.registration,
+                    %error,
+                    "the broker did not tell the backlog"
+                ),
+                Err(_) => tracing::debug!(
+                    registration = labels.registration,
+                    "the broker did not tell the backlog within 3 s"
+                ),
+            }
+        }
     }
 
     /// The Prometheus text exposition of every series.

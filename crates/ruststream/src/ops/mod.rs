@@ -24,6 +24,7 @@
 //! | `ruststream_copy_failures_total{kind}` | `transient` (tried again), `refused` (the original comes back later or is held), `lost` (nothing can bring the original back: Core NATS) |
 //! | `ruststream_settle_errors_total{kind}` | `failed` (the broker or connection failed it), `unsupported` (the transport has no such operation, e.g. every Core NATS ack, by design) |
 //! | `ruststream_fetch_errors_total` | fetches that failed (a broker down shows here) |
+//! | `ruststream_backlog{kind, partition}` | asked of the broker at each scrape: `pending` (Kafka: high watermark − committed, per partition; JetStream: `num_pending`), `ack_pending` (JetStream: delivered, not acknowledged), `slow_consumer_dropped` (Core NATS: messages the client dropped for the subscription since the start). Pulsar: none yet (the client does not expose the backlog; the broker's admin API does) |
 //!
 //! What to alert on is in the README ("Operating a service").
 

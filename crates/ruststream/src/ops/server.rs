@@ -70,6 +70,7 @@ async fn answer(
         }
         "/metrics" => match &ops.metrics {
             Some(metrics) => {
+                metrics.refresh().await;
                 let mut response = text(StatusCode::OK, metrics.encode());
                 response.headers_mut().insert(
                     CONTENT_TYPE,

@@ -125,6 +125,7 @@ impl<D: Descriptor, S: Service> Mount for Registration<D, S> {
                     &in_flight.address,
                     transport,
                     Arc::clone(&in_flight),
+                    subscription.backlog(),
                 )
             });
             let shared = Arc::new(Shared {
