@@ -79,6 +79,7 @@ mod registration;
 mod runtime;
 mod state;
 pub mod testing;
+mod trace_context;
 
 pub use app::{
     App, DEFAULT_CLOSE_TIMEOUT, DEFAULT_HANDLER_TIMEOUT, DEFAULT_SHUTDOWN_TIMEOUT, Running,

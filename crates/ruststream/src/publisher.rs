@@ -36,8 +36,10 @@ impl Publisher {
         }
     }
 
-    /// Publishes a prepared message.
-    pub async fn publish(&self, message: Outgoing) -> Result<(), PublishError> {
+    /// Publishes a prepared message. With the `opentelemetry` feature, the current
+    /// span's trace context goes into its headers first (unless they carry one).
+    pub async fn publish(&self, mut message: Outgoing) -> Result<(), PublishError> {
+        crate::trace_context::inject(&mut message.headers);
         self.inner.publish(message).await
     }
 

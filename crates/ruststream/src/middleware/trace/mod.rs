@@ -8,6 +8,15 @@ use crate::handler::Completion;
 
 /// Opens an `info` span `delivery` per delivery with the fields `registration`,
 /// `address`, `attempt` and, once the handler returns, `outcome`.
+///
+/// With the `opentelemetry` feature the span continues the trace the delivery's headers
+/// carry (W3C `traceparent`/`tracestate`, through OpenTelemetry's global propagator,
+/// which the service sets: `opentelemetry::global::set_text_map_propagator(
+/// opentelemetry_sdk::propagation::TraceContextPropagator::new())`), so with
+/// `tracing-opentelemetry` installed it is a child of the producer's span, across
+/// processes and brokers. [`Publisher`](crate::Publisher) injects the current span's
+/// context into every message it sends; retry copies and dead letters keep the
+/// original's headers, and with them its producer's context.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct TraceLayer;
 
@@ -35,6 +44,7 @@ impl<S: Service> Service for Trace<S> {
             attempt = delivery.attempt().number(),
             outcome = tracing::field::Empty,
         );
+        crate::trace_context::adopt(&span, delivery.headers());
         let completion = self.inner.call(incoming).instrument(span.clone()).await;
         span.record("outcome", tracing::field::display(&completion));
         completion
