@@ -127,7 +127,25 @@ async fn ops_ready_after_start_and_not_ready_while_draining() {
         "ready once started"
     );
     broker.publisher().to("jobs").send("x").await.unwrap();
-    wait_until("the handler running", || running.in_flight() == 1).await;
+    broker.publisher().to("jobs").send("y").await.unwrap();
+    wait_until("one running, one queued", || running.in_flight() == 2).await;
+    let metrics = get(addr, "/metrics").await.1;
+    let jobs = ["registration=\"jobs\""];
+    assert_eq!(
+        sample(&metrics, "ruststream_in_flight", &jobs),
+        2.0,
+        "{metrics}"
+    );
+    assert_eq!(
+        sample(&metrics, "ruststream_running", &jobs),
+        1.0,
+        "{metrics}"
+    );
+    assert_eq!(
+        sample(&metrics, "ruststream_delayed", &jobs),
+        0.0,
+        "{metrics}"
+    );
     let stopping = tokio::spawn(running.stop());
     // The handler holds the drain open: the endpoint still answers, not ready.
     let (status, body) = get(addr, "/health/ready").await;
@@ -138,7 +156,7 @@ async fn ops_ready_after_start_and_not_ready_while_draining() {
         200,
         "live while draining"
     );
-    gate.add_permits(1);
+    gate.add_permits(2);
     stopping.await.unwrap();
     assert!(
         tokio::net::TcpStream::connect(addr).await.is_err(),

@@ -155,7 +155,8 @@ pub(crate) struct Metrics {
     copy_failures: Family<KindLabels, Counter>,
     settle_errors: Family<KindLabels, Counter>,
     fetch_errors: Family<Labels, Counter>,
-    in_flight_sources: Mutex<Vec<(Gauge, Arc<InFlight>)>>,
+    in_flight_sources: Mutex<Vec<(Gauge, Gauge, Arc<InFlight>)>>,
+    running: Family<Labels, Gauge>,
     backlog: Family<BacklogLabels, Gauge>,
     backlog_probes: Mutex<Vec<(Labels, BacklogProbe)>>,
 }
@@ -186,6 +187,13 @@ impl Metrics {
         let settle_errors = Family::default();
         let fetch_errors = Family::default();
         let backlog = Family::default();
+        let running = Family::default();
+        registry.register(
+            "ruststream_running",
+            "Of the deliveries in flight, those a handler runs for now (the rest of \
+             ruststream_in_flight minus ruststream_delayed is queued for a lane)",
+            running.clone(),
+        );
         registry.register(
             "ruststream_backlog",
             "What the broker tells about the subscription's backlog, asked at each scrape \
@@ -256,6 +264,7 @@ impl Metrics {
             settle_errors,
             fetch_errors,
             in_flight_sources: Mutex::default(),
+            running,
             backlog,
             backlog_probes: Mutex::default(),
         })
@@ -282,8 +291,11 @@ impl Metrics {
             transport,
             kind,
         };
-        self.lock_in_flight()
-            .push((self.in_flight.get_or_create_owned(&labels), in_flight));
+        self.lock_in_flight().push((
+            self.in_flight.get_or_create_owned(&labels),
+            self.running.get_or_create_owned(&labels),
+            in_flight,
+        ));
         if let Some(probe) = backlog {
             self.backlog_probes
                 .lock()
@@ -312,7 +324,7 @@ impl Metrics {
         }
     }
 
-    fn lock_in_flight(&self) -> MutexGuard<'_, Vec<(Gauge, Arc<InFlight>)>> {
+    fn lock_in_flight(&self) -> MutexGuard<'_, Vec<(Gauge, Gauge, Arc<InFlight>)>> {
         self.in_flight_sources
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -361,11 +373,14 @@ impl Metrics {
         {
             // Registrations that share a name and address share a series: their sum.
             let sources = self.lock_in_flight();
-            for (gauge, _) in sources.iter() {
-                gauge.set(0);
+            for (total, running, _) in sources.iter() {
+                total.set(0);
+                running.set(0);
             }
-            for (gauge, in_flight) in sources.iter() {
-                gauge.inc_by(i64::try_from(in_flight.count()).unwrap_or(i64::MAX));
+            let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+            for (total, running, in_flight) in sources.iter() {
+                total.inc_by(gauge(in_flight.count()));
+                running.inc_by(gauge(in_flight.running()));
             }
         }
         let registry = self.registry.lock().unwrap_or_else(PoisonError::into_inner);

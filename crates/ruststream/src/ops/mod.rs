@@ -19,7 +19,8 @@
 //! | `ruststream_outcomes_total{kind}` | handled deliveries by how they ended: `ack`, `drop`, `retry`, `retry_after`, `dead_lettered` (the runtime published it to the dead-letter address), `error` (the handler returned `Err`), `panicked`, `timed_out`, `undecodable` |
 //! | `ruststream_handler_duration_seconds` | histogram, from the call (extractors included) to the answer |
 //! | `ruststream_in_flight` | fetched and not settled: running, queued for a lane, or waiting for a delayed copy |
-//! | `ruststream_delayed` | of those, waiting in this process for a delayed retry copy |
+//! | `ruststream_running` | of those, a handler runs for now |
+//! | `ruststream_delayed` | of those, waiting in this process for a delayed retry copy (the rest, `in_flight - running - delayed`, is queued for a lane) |
 //! | `ruststream_copies_published_total{kind}` | `retry_copy`, `dead_letter`: published and confirmed before the original settled |
 //! | `ruststream_copy_failures_total{kind}` | `transient` (tried again), `refused` (the original comes back later or is held), `lost` (nothing can bring the original back: Core NATS) |
 //! | `ruststream_settle_errors_total{kind}` | `failed` (the broker or connection failed it), `unsupported` (the transport has no such operation, e.g. every Core NATS ack, by design) |

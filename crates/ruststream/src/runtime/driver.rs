@@ -141,7 +141,13 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
     // to a lane and getting its settlement back then costs no cross-thread wake-up. Lanes
     // run concurrently (a handler waiting on I/O lets the others run), on one thread.
     let shared_ref: &Shared<S> = &shared;
-    let mut set = LaneSet::new(lanes.count, move |job| lane::handle(shared_ref, job));
+    let running = shared
+        .metrics
+        .as_ref()
+        .map(|_| Arc::clone(&shared.in_flight));
+    let mut set = LaneSet::new(lanes.count, running, move |job| {
+        lane::handle(shared_ref, job)
+    });
     let mut timers: JoinSet<Done<Sub::Receipt>> = JoinSet::new();
     let (timers_tx, timers_rx) = watch::channel(Timers::Waiting);
     let mut pending: Option<(usize, Job<Sub::Receipt>)> = None;

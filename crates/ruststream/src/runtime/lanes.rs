@@ -9,10 +9,13 @@
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 
 use ruststream_core::Delivery;
 
+use super::InFlight;
 use super::driver::{Done, Job};
 
 /// Deliveries a lane holds beyond the one it runs: small, so a slow handler holds back
@@ -40,6 +43,8 @@ pub(crate) struct Lanes<R, F, St> {
     #[allow(clippy::vec_box)]
     spare: Vec<Box<Delivery>>,
     spare_cap: usize,
+    /// Where the number of running deliveries is published (when metrics are on).
+    published: Option<Arc<InFlight>>,
 }
 
 impl<R, F, St> Lanes<R, F, St>
@@ -47,8 +52,9 @@ where
     F: Future<Output = Finished<R>>,
     St: Fn(Job<R>) -> F,
 {
-    /// `count` lanes; `start` turns a job into the future that runs it.
-    pub(crate) fn new(count: usize, start: St) -> Self {
+    /// `count` lanes; `start` turns a job into the future that runs it; the number of
+    /// running deliveries is kept in `published`'s `running` when given.
+    pub(crate) fn new(count: usize, published: Option<Arc<InFlight>>, start: St) -> Self {
         Self {
             start,
             running: (0..count).map(|_| Box::pin(None)).collect(),
@@ -60,6 +66,7 @@ where
             spare: Vec::new(),
             // Each lane's queue and running delivery, and one waiting for room.
             spare_cap: count * (LANE_QUEUE + 1) + 1,
+            published,
         }
     }
 
@@ -103,6 +110,7 @@ where
     fn start(&mut self, lane: usize, job: Job<R>) {
         self.running[lane].set(Some((self.start)(job)));
         self.busy += 1;
+        self.publish();
     }
 
     /// Polls the running deliveries; what the first one done asks to settle is
@@ -120,6 +128,7 @@ where
             if let Poll::Ready((done, spare)) = future.poll(cx) {
                 self.running[lane].set(None);
                 self.busy -= 1;
+                self.publish();
                 self.scan_from = (lane + 1) % count;
                 if let Some(spare) = spare
                     && self.spare.len() < self.spare_cap
@@ -133,6 +142,12 @@ where
             }
         }
         Poll::Pending
+    }
+
+    fn publish(&self) {
+        if let Some(in_flight) = &self.published {
+            in_flight.running.store(self.busy, Ordering::Relaxed);
+        }
     }
 
     /// Nothing running and nothing queued.

@@ -32,9 +32,15 @@ pub(crate) struct InFlight {
     pub(crate) registration: Arc<str>,
     pub(crate) address: String,
     count: AtomicUsize,
+    /// Of those, how many a handler is running for (kept only when metrics are on).
+    pub(crate) running: AtomicUsize,
 }
 
 impl InFlight {
+    pub(crate) fn running(&self) -> usize {
+        self.running.load(Ordering::Relaxed)
+    }
+
     pub(crate) fn count(&self) -> usize {
         self.count.load(Ordering::Relaxed)
     }
@@ -108,6 +114,7 @@ impl<D: Descriptor, S: Service> Mount for Registration<D, S> {
                 registration: Arc::clone(&registration),
                 address: this.descriptor.address().to_owned(),
                 count: AtomicUsize::new(0),
+                running: AtomicUsize::new(0),
             });
             let subscription = this
                 .descriptor
