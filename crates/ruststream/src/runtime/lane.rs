@@ -14,7 +14,7 @@ use crate::backoff::RERUN_FLOOR;
 use crate::extract::Incoming;
 use crate::handler::Completion;
 use crate::middleware::Service;
-use crate::ops::{Outcome, SettleError};
+use crate::ops::{Instruments, Outcome, SettleError};
 use crate::registration::FailurePolicy;
 use ruststream_core::{
     AckError, Delivery, HandlerOutcome, OutcomeKind, Plan, Settle, Verdict, plan,
@@ -26,11 +26,11 @@ pub(crate) async fn handle<S: Service, R>(shared: &Shared<S>, job: Job<R>) -> Fi
     let mut incoming = Incoming::new(job.delivery, Arc::clone(&shared.context));
     let mut reruns = 0;
     loop {
-        let called = shared.metrics.as_ref().map(|_| std::time::Instant::now());
+        let called = shared.metrics.as_ref().map(Instruments::now);
         let (completion, report) = call(shared, &incoming).await;
         let plan = decide(shared, incoming.delivery(), &completion, report);
         if let (Some(metrics), Some(called)) = (&shared.metrics, called) {
-            metrics.duration.observe(called.elapsed().as_secs_f64());
+            metrics.observe_since(called);
             metrics.outcome(Outcome::of(&completion, &plan));
         }
         if let Some(observer) = &shared.observer {
