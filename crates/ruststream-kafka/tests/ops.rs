@@ -6,7 +6,7 @@ use common::{create_topic, kafka, produce, topic, unique};
 use ruststream::{App, Headers, on};
 use ruststream_kafka::Commit;
 use ruststream_test_support::ops::{
-    Expect, WORDS, answer, assert_scraped, backlog_becomes, payload,
+    Expect, WORDS, answer, assert_scraped, backlog_becomes, held, payload,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -43,14 +43,6 @@ async fn ops_prometheus_scrapes_kafka_outcomes_and_dead_letters() {
     )
     .await;
     running.stop().await;
-}
-
-async fn held(
-    ruststream::Message(_): ruststream::Message<String>,
-    ruststream::State(gate): ruststream::State<std::sync::Arc<tokio::sync::Semaphore>>,
-) -> ruststream::HandlerOutcome {
-    let _permit = gate.acquire().await;
-    ruststream::HandlerOutcome::ack()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,7 +7,8 @@ use std::time::Duration;
 use common::{create_stream, nats, unique};
 use ruststream::{App, Headers, on};
 use ruststream_test_support::ops::{
-    Expect, WORDS, answer, assert_dashboard_queries, assert_scraped, backlog_becomes, get, payload,
+    Expect, WORDS, answer, assert_dashboard_queries, assert_scraped, backlog_becomes, get, held,
+    payload,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -85,14 +86,6 @@ async fn ops_core_subscription_counts_acks_as_unsupported_settlements() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     running.stop().await;
-}
-
-async fn held(
-    ruststream::Message(_): ruststream::Message<String>,
-    ruststream::State(gate): ruststream::State<std::sync::Arc<tokio::sync::Semaphore>>,
-) -> ruststream::HandlerOutcome {
-    let _permit = gate.acquire().await;
-    ruststream::HandlerOutcome::ack()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

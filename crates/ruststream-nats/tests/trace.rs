@@ -5,15 +5,13 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use common::{create_stream, unique};
 use ruststream::middleware::TraceLayer;
-use ruststream::{App, Publisher, on};
+use ruststream::{App, on};
 use ruststream_nats::Nats;
-use ruststream_test_support::ops::{answer, payload};
-use ruststream_test_support::trace::{acks, capture_spans, wait_children};
-use tracing::Instrument;
+use ruststream_test_support::ops::answer;
+use ruststream_test_support::trace::{acks, assert_producer_is_the_parent, capture_spans};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn trace_jetstream_delivery_spans_are_children_of_the_producer_span() {
@@ -45,17 +43,6 @@ async fn trace_jetstream_delivery_spans_are_children_of_the_producer_span() {
         .start()
         .await
         .expect("start");
-    let publisher = Publisher::new(Arc::new(producer.publisher()));
-    async {
-        publisher
-            .to(&name)
-            .send_bytes(payload("fail"))
-            .await
-            .expect("publish")
-    }
-    .instrument(tracing::info_span!("produce"))
-    .await;
     // Attempts 1 and 2 (the server redelivers the same message), then the dead letter.
-    wait_children(&spans, "produce", "delivery", 3, Duration::from_secs(30)).await;
-    running.stop().await;
+    assert_producer_is_the_parent(&spans, running, Arc::new(producer.publisher()), &name).await;
 }

@@ -334,3 +334,12 @@ pub async fn backlog_becomes(
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// A handler that waits for a permit of the app's `Arc<Semaphore>` state, then acks.
+pub async fn held(
+    ruststream::Message(_): ruststream::Message<String>,
+    ruststream::State(gate): ruststream::State<std::sync::Arc<tokio::sync::Semaphore>>,
+) -> ruststream::HandlerOutcome {
+    let _permit = gate.acquire().await;
+    ruststream::HandlerOutcome::ack()
+}

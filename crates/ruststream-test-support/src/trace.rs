@@ -93,3 +93,36 @@ pub async fn acks(
 ) -> ruststream::HandlerOutcome {
     ruststream::HandlerOutcome::ack()
 }
+
+/// Publishes a failing message (`"fail"`) to `address` inside a span named `produce`,
+/// through a ruststream [`Publisher`](ruststream::Publisher) over `publish`, then waits
+/// until three `delivery` spans are its children: attempts 1 and 2 of a registration
+/// with `max_attempts(2)`, and the delivery of its dead letter to a reader. Stops
+/// `running`.
+pub async fn assert_producer_is_the_parent(
+    spans: &InMemorySpanExporter,
+    running: ruststream::Running,
+    publish: std::sync::Arc<dyn ruststream::core::Publish>,
+    address: &str,
+) {
+    use tracing::Instrument;
+    let publisher = ruststream::Publisher::new(publish);
+    async {
+        publisher
+            .to(address)
+            .send_bytes(crate::ops::payload("fail"))
+            .await
+            .expect("publish");
+    }
+    .instrument(tracing::info_span!("produce"))
+    .await;
+    wait_children(
+        spans,
+        "produce",
+        "delivery",
+        3,
+        std::time::Duration::from_secs(60),
+    )
+    .await;
+    running.stop().await;
+}
