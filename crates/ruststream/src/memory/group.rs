@@ -8,8 +8,6 @@ use bytes::Bytes;
 use ruststream_core::Headers;
 use tokio::sync::Notify;
 
-use ruststream_core::hash::SpreadMap;
-
 /// A message as the memory broker stores it.
 #[derive(Debug, Clone)]
 pub(crate) struct Stored {
@@ -29,9 +27,88 @@ pub(crate) struct Entry {
 #[derive(Debug, Default)]
 struct Queues {
     ready: VecDeque<Entry>,
-    unacked: SpreadMap<u64, Entry>,
+    unacked: Unacked,
     delayed: usize,
-    next_tag: u64,
+    /// Deliveries so far, in order: what puts a closing consumer's entries back in the
+    /// order they went out.
+    delivered: u64,
+    /// Publishers waiting for room: an ack wakes them only when there are some.
+    waiting_publishers: usize,
+    /// Consumers waiting for an entry: a pop that leaves more wakes one only then.
+    waiting_consumers: usize,
+}
+
+/// Delivered, unacknowledged entries, in slots reused as they free up: a delivery's tag
+/// names its slot and the slot's generation, so taking one back is an index and a
+/// compare (a hash map insert and remove per delivery cost about 200 instructions), and
+/// a stale or repeated tag finds nothing.
+#[derive(Debug, Default)]
+struct Unacked {
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    len: usize,
+}
+
+#[derive(Debug, Default)]
+struct Slot {
+    generation: u32,
+    held: Option<Held>,
+}
+
+#[derive(Debug)]
+struct Held {
+    entry: Entry,
+    consumer: u32,
+    order: u64,
+}
+
+impl Unacked {
+    fn insert(&mut self, held: Held) -> u64 {
+        let index = match self.free.pop() {
+            Some(index) => index,
+            None => {
+                self.slots.push(Slot::default());
+                u32::try_from(self.slots.len() - 1).expect("fewer than 2^32 unacked entries")
+            }
+        };
+        let slot = &mut self.slots[index as usize];
+        slot.held = Some(held);
+        self.len += 1;
+        (u64::from(slot.generation) << 32) | u64::from(index)
+    }
+
+    fn remove(&mut self, tag: u64) -> Option<Held> {
+        // The tag's halves: generation above, slot index below.
+        #[allow(clippy::cast_possible_truncation)]
+        let (generation, index) = ((tag >> 32) as u32, tag as u32);
+        let slot = self.slots.get_mut(index as usize)?;
+        if slot.generation != generation {
+            return None;
+        }
+        let held = slot.held.take()?;
+        slot.generation = slot.generation.wrapping_add(1);
+        self.free.push(index);
+        self.len -= 1;
+        Some(held)
+    }
+
+    /// The tags a consumer holds.
+    fn of(&self, consumer: u32) -> Vec<u64> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(|(_, slot)| slot.held.as_ref().is_some_and(|h| h.consumer == consumer))
+            .map(|(index, slot)| (u64::from(slot.generation) << 32) | index as u64)
+            .collect()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
 }
 
 /// A group: consumers of the group compete for its entries.
@@ -43,6 +120,8 @@ pub(crate) struct Group {
     ready: Notify,
     /// Wakes publishers when room appears.
     room: Notify,
+    /// Names the group's consumers (for `release`).
+    consumers: std::sync::atomic::AtomicU32,
 }
 
 impl Group {
@@ -52,7 +131,14 @@ impl Group {
             capacity,
             ready: Notify::new(),
             room: Notify::new(),
+            consumers: std::sync::atomic::AtomicU32::new(0),
         })
+    }
+
+    /// A name for a new consumer of the group.
+    pub(crate) fn consumer(&self) -> u32 {
+        self.consumers
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     }
 
     fn lock(&self) -> MutexGuard<'_, Queues> {
@@ -78,10 +164,14 @@ impl Group {
 
     /// Adds a message, waiting while the group holds `capacity` entries (back-pressure).
     pub(crate) async fn push(&self, message: Stored) {
+        let mut waited = false;
         loop {
             let room = self.room.notified();
             {
                 let mut q = self.lock();
+                if waited {
+                    q.waiting_publishers -= 1;
+                }
                 if q.ready.len() + q.unacked.len() + q.delayed < self.capacity {
                     q.ready.push_back(Entry {
                         message,
@@ -91,6 +181,11 @@ impl Group {
                     self.ready.notify_one();
                     return;
                 }
+                // Counted under the lock, so an ack after it sees this publisher. (A
+                // publish dropped while waiting leaves the count high: acks then wake
+                // nobody for nothing, which is harmless.)
+                q.waiting_publishers += 1;
+                waited = true;
             }
             room.await;
         }
@@ -107,24 +202,35 @@ impl Group {
 
     /// Takes the next ready entry, waiting for one. Cancel safe: nothing is taken until
     /// the lock is held.
-    pub(crate) async fn pop(&self) -> (u64, Stored, u32) {
+    pub(crate) async fn pop(&self, consumer: u32) -> (u64, Stored, u32) {
+        let mut waited = false;
         loop {
             let ready = self.ready.notified();
             {
                 let mut q = self.lock();
+                if waited {
+                    q.waiting_consumers -= 1;
+                }
                 if let Some(mut entry) = q.ready.pop_front() {
                     entry.delivered += 1;
-                    let tag = q.next_tag;
-                    q.next_tag += 1;
-                    let out = (tag, entry.message.clone(), entry.delivered);
-                    q.unacked.insert(tag, entry);
-                    let more = !q.ready.is_empty();
+                    q.delivered += 1;
+                    let order = q.delivered;
+                    let out = (entry.message.clone(), entry.delivered);
+                    let tag = q.unacked.insert(Held {
+                        entry,
+                        consumer,
+                        order,
+                    });
+                    // Another consumer waits and there is more: pass the word on.
+                    let more = !q.ready.is_empty() && q.waiting_consumers > 0;
                     drop(q);
                     if more {
                         self.ready.notify_one();
                     }
-                    return out;
+                    return (tag, out.0, out.1);
                 }
+                q.waiting_consumers += 1;
+                waited = true;
             }
             ready.await;
         }
@@ -132,15 +238,20 @@ impl Group {
 
     /// Done with `tag` for good.
     pub(crate) fn remove(&self, tag: u64) -> bool {
-        let removed = self.lock().unacked.remove(&tag).is_some();
-        self.room.notify_waiters();
+        let mut q = self.lock();
+        let removed = q.unacked.remove(tag).is_some();
+        let waiting = q.waiting_publishers > 0;
+        drop(q);
+        if waiting {
+            self.room.notify_waiters();
+        }
         removed
     }
 
     /// Puts `tag` back at the front: delivered again before anything fetched later.
     pub(crate) fn requeue(&self, tag: u64) -> bool {
         let mut q = self.lock();
-        let Some(entry) = q.unacked.remove(&tag) else {
+        let Some(Held { entry, .. }) = q.unacked.remove(tag) else {
             return false;
         };
         q.ready.push_front(entry);
@@ -152,7 +263,7 @@ impl Group {
     /// Holds `tag` for `delay`, then puts it back at the front.
     pub(crate) fn requeue_after(self: &Arc<Self>, tag: u64, delay: Duration) -> bool {
         let mut q = self.lock();
-        let Some(entry) = q.unacked.remove(&tag) else {
+        let Some(Held { entry, .. }) = q.unacked.remove(tag) else {
             return false;
         };
         q.delayed += 1;
@@ -169,16 +280,17 @@ impl Group {
         true
     }
 
-    /// Puts every tag of a closing consumer back, in delivery order.
-    pub(crate) fn release(&self, tags: impl IntoIterator<Item = u64>) {
+    /// Puts every entry a closing consumer holds back, in delivery order.
+    pub(crate) fn release(&self, consumer: u32) {
         let mut q = self.lock();
-        let mut back: Vec<(u64, Entry)> = tags
+        let tags = q.unacked.of(consumer);
+        let mut back: Vec<Held> = tags
             .into_iter()
-            .filter_map(|t| q.unacked.remove(&t).map(|e| (t, e)))
+            .filter_map(|t| q.unacked.remove(t))
             .collect();
-        back.sort_by_key(|(t, _)| std::cmp::Reverse(*t));
-        for (_, entry) in back {
-            q.ready.push_front(entry);
+        back.sort_by_key(|held| std::cmp::Reverse(held.order));
+        for held in back {
+            q.ready.push_front(held.entry);
         }
         drop(q);
         self.ready.notify_one();

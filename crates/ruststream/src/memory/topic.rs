@@ -9,7 +9,6 @@ use ruststream_core::{
 
 use super::MemoryBroker;
 use super::group::Group;
-use ruststream_core::hash::SpreadSet;
 
 /// A subscription on a memory address: every group gets every message; subscriptions of
 /// one group compete.
@@ -96,10 +95,10 @@ impl Descriptor for MemoryTopic {
     async fn open(self, _declaration: &Declaration) -> Result<MemorySubscription, SubscribeError> {
         let group = self.broker.group(&self.address, &self.group);
         Ok(MemorySubscription {
+            consumer: group.consumer(),
             group,
             address: Arc::from(self.address.as_str()),
             runtime_retries: self.runtime_retries,
-            outstanding: SpreadSet::default(),
         })
     }
 }
@@ -108,17 +107,17 @@ impl Descriptor for MemoryTopic {
 #[derive(Debug)]
 pub struct MemorySubscription {
     group: Arc<Group>,
+    /// This subscription's name in its group: what it holds goes back when it closes.
+    consumer: u32,
     address: Arc<str>,
     runtime_retries: bool,
-    outstanding: SpreadSet<u64>,
 }
 
 impl Subscription for MemorySubscription {
     type Receipt = u64;
 
     async fn next(&mut self) -> Option<Result<(Delivery, u64), SubscribeError>> {
-        let (tag, message, delivered) = self.group.pop().await;
-        self.outstanding.insert(tag);
+        let (tag, message, delivered) = self.group.pop(self.consumer).await;
         let attempt = if self.runtime_retries {
             let (attempt, malformed) = Attempt::from_headers(&message.headers);
             if let Some(error) = malformed {
@@ -137,12 +136,8 @@ impl Subscription for MemorySubscription {
     }
 
     async fn settle(&mut self, tag: u64, settle: Settle) -> Result<(), AckError> {
-        self.outstanding.remove(&tag);
         let known = match settle {
-            Settle::Nothing => {
-                self.outstanding.insert(tag);
-                true
-            }
+            Settle::Nothing => true,
             Settle::Ack | Settle::Drop => self.group.remove(tag),
             Settle::Redeliver => self.group.requeue(tag),
             Settle::RedeliverAfter(delay) => self.group.requeue_after(tag, delay),
@@ -159,6 +154,6 @@ impl Subscription for MemorySubscription {
 
     async fn close(self) {
         // Unsettled deliveries go back to the group, as on a disconnect.
-        self.group.release(self.outstanding);
+        self.group.release(self.consumer);
     }
 }
