@@ -5,7 +5,7 @@ use std::time::Duration;
 /// What a handler decided about a delivery.
 ///
 /// The framework turns it into the broker operation the spec names for the
-/// subscription (see the settlement planner, [`crate::plan`]).
+/// subscription (see the settlement planner, [`crate::plan()`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HandlerOutcome(OutcomeKind);
 
