@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use ruststream::{App, HandlerOutcome, Headers, Message, Meta, State, on};
+use ruststream::{App, HandlerOutcome, Headers, Message, Meta, Publisher, State, on};
 use ruststream_kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use ruststream_kafka::rdkafka::client::DefaultClientContext;
 use ruststream_kafka::rdkafka::config::ClientConfig;
@@ -36,8 +36,8 @@ async fn on_order(
     let _ = log.0.send(format!(
         "order {} on partition {:?} offset {:?}, attempt {} -> {outcome}",
         order.id,
-        meta.metadata.partition,
-        meta.metadata.offset,
+        meta.partition,
+        meta.offset,
         meta.attempt.number()
     ));
     outcome
@@ -103,17 +103,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .start()
         .await?;
 
-    let publisher = kafka.publisher();
+    // The same publishing shape on every transport: to(..).key(..).send(&value).
+    let publisher = Publisher::new(kafka.publish_handle());
     for (id, paid) in [(1, true), (2, false)] {
-        let payload = serde_json::to_vec(&Order { id, paid })?;
         publisher
-            .send(
-                &orders,
-                Some(id.to_string().as_bytes()),
-                &Headers::new(),
-                &payload,
-                None,
-            )
+            .to(&orders)
+            .key(id.to_string())
+            .send(&Order { id, paid })
             .await?;
     }
     // 1 ack + 3 attempts of the unpaid order + its dead letter.

@@ -10,8 +10,8 @@ use std::time::Duration;
 use futures_util::StreamExt;
 
 use ruststream::{App, HandlerOutcome, Message, Meta, Publisher, ReplyTo, State, on};
-use ruststream_nats::Nats;
 use ruststream_nats::async_nats::jetstream::{self, stream};
+use ruststream_nats::{MessageId, Nats};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
@@ -92,16 +92,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .await?;
     nats.client().flush().await?;
 
-    let publisher = nats.publisher();
+    // The same publishing shape on every transport; the JetStream message id (the
+    // stream stores each id once) is a typed option.
+    let publisher = Publisher::new(nats.publish_handle());
     for (id, in_stock) in [(1, true), (2, false)] {
-        let payload = serde_json::to_vec(&Order { id, in_stock })?;
         publisher
-            .jetstream(
-                &orders,
-                &Default::default(),
-                payload.into(),
-                Some(&format!("order-{id}")),
-            )
+            .to(&orders)
+            .with(MessageId(format!("order-{id}")))
+            .send(&Order { id, in_stock })
             .await?;
     }
     // 1 ack + 3 attempts of the out-of-stock order.
@@ -121,7 +119,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         letter.subject,
         String::from_utf8_lossy(&letter.payload)
     );
-    let price: u64 = publisher
+    let price: u64 = nats
+        .publisher()
         .request(&prices, &7u64, Duration::from_secs(2))
         .await?;
     println!("price of item 7: {price}");

@@ -11,7 +11,7 @@
 
 use std::time::Duration;
 
-use ruststream::{App, HandlerOutcome, Headers, Message, Meta, State, on};
+use ruststream::{App, HandlerOutcome, Headers, Message, Meta, Publisher, State, on};
 use ruststream_pulsar::{Pulsar, SubType};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
@@ -85,16 +85,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         ))
         .start()
         .await?;
+    // The same publishing shape on every transport (headers are the message's properties).
+    let publisher = Publisher::new(pulsar.publish_handle());
     for (id, in_stock) in [(1, true), (2, false)] {
-        let payload = serde_json::to_vec(&Order { id, in_stock })?;
-        pulsar
-            .publisher()
-            .send(
-                &orders,
-                Some(id.to_string().as_bytes()),
-                &Headers::new(),
-                payload,
-            )
+        publisher
+            .to(&orders)
+            .key(id.to_string())
+            .send(&Order { id, in_stock })
             .await?;
     }
     // 1 ack + 3 attempts + the dead letter.

@@ -44,7 +44,21 @@ pub enum DeadLetters {
 
 /// What the broker can do for one subscription. The runtime decides from these, never
 /// from a broker's name.
+///
+/// Built from [`Capabilities::NOTHING`] with the `with_*` methods (usable in a `const`),
+/// so a capability added later is one more method, not a break in every transport:
+///
+/// ```
+/// use ruststream_core::{Capabilities, Verb};
+///
+/// const ACKS: Capabilities = Capabilities::NOTHING
+///     .with_ack(Verb::Native)
+///     .with_drop(Verb::AsAck)
+///     .with_native_count(true);
+/// assert_eq!(ACKS.redeliver, Verb::Unsupported);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Capabilities {
     /// `ack()`.
     pub ack: Verb,
@@ -87,4 +101,58 @@ impl Capabilities {
         redeliver_in_place: false,
         rewinds: false,
     };
+
+    /// These capabilities with `ack()` set to `ack`.
+    pub const fn with_ack(mut self, ack: Verb) -> Self {
+        self.ack = ack;
+        self
+    }
+
+    /// These capabilities with `drop()` set to `drop`.
+    pub const fn with_drop(mut self, drop: Verb) -> Self {
+        self.drop = drop;
+        self
+    }
+
+    /// These capabilities with `retry()` without a copy set to `redeliver`.
+    pub const fn with_redeliver(mut self, redeliver: Verb) -> Self {
+        self.redeliver = redeliver;
+        self
+    }
+
+    /// These capabilities with `retry_after(d)` without a copy set to `delayed_redelivery`.
+    pub const fn with_delayed_redelivery(mut self, delayed_redelivery: DelayedRedelivery) -> Self {
+        self.delayed_redelivery = delayed_redelivery;
+        self
+    }
+
+    /// These capabilities with whether the broker counts deliveries set to `native_count`.
+    pub const fn with_native_count(mut self, native_count: bool) -> Self {
+        self.native_count = native_count;
+        self
+    }
+
+    /// These capabilities with who moves exhausted deliveries set to `dead_letters`.
+    pub const fn with_dead_letters(mut self, dead_letters: DeadLetters) -> Self {
+        self.dead_letters = dead_letters;
+        self
+    }
+
+    /// These capabilities with whether the original can stay unsettled while its delayed copy waits set to `holds_original`.
+    pub const fn with_holds_original(mut self, holds_original: bool) -> Self {
+        self.holds_original = holds_original;
+        self
+    }
+
+    /// These capabilities with whether `Redeliver` means the same record again in its lane set to `redeliver_in_place`.
+    pub const fn with_redeliver_in_place(mut self, redeliver_in_place: bool) -> Self {
+        self.redeliver_in_place = redeliver_in_place;
+        self
+    }
+
+    /// These capabilities with whether the read position can move back to a delivery set to `rewinds`.
+    pub const fn with_rewinds(mut self, rewinds: bool) -> Self {
+        self.rewinds = rewinds;
+        self
+    }
 }

@@ -5,7 +5,11 @@ use std::time::Duration;
 
 /// A registration's retry declaration, with the retry address already resolved
 /// (the registration's own destination, else the descriptor's single address).
+///
+/// Made from `Declaration::default()` with its fields set, so a field added later
+/// breaks no one.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Declaration {
     /// The cap: the attempt at which a retry becomes a dead letter (first delivery is 1).
     pub max_attempts: Option<u32>,

@@ -1,9 +1,103 @@
 //! Errors of the contract: settlement, publishing, subscribing.
+//!
+//! Each error keeps what caused it: the client's own error stays reachable through
+//! [`std::error::Error::source`], and the error's `Display` reads "what failed: why", so
+//! one line in a log says both while a reporter that walks the chain finds the client's
+//! error as a value (its type, its own chain).
 
+use std::error::Error as StdError;
+use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
+
+/// What caused an error: the client's error, or a sentence where there is none. Shared
+/// (`Arc`), so the errors that carry it stay `Clone`.
+///
+/// Transparent in a chain: it reads as the error it holds, and its `source()` is that
+/// error's source. [`downcast_ref`](Self::downcast_ref) reaches the client's error as a
+/// value.
+#[derive(Clone)]
+pub struct Cause(Arc<dyn StdError + Send + Sync + 'static>);
+
+impl Cause {
+    /// A cause from an error value or a message (`&str`, `String`).
+    pub fn new(cause: impl Into<Box<dyn StdError + Send + Sync + 'static>>) -> Self {
+        Self(Arc::from(cause.into()))
+    }
+
+    /// `error` stopped `what` (a sentence: "storing offset 41 of orders/0"): reads
+    /// "what: error", with `error` as the next `source()`.
+    pub fn context(
+        what: impl Into<String>,
+        error: impl Into<Box<dyn StdError + Send + Sync + 'static>>,
+    ) -> Self {
+        Self(Arc::new(Doing {
+            what: what.into(),
+            error: error.into(),
+        }))
+    }
+
+    /// The cause as an error, for `source()`.
+    pub fn as_error(&self) -> &(dyn StdError + 'static) {
+        &*self.0
+    }
+
+    /// The error held, when it is an `E` (the client's own error type).
+    pub fn downcast_ref<E: StdError + 'static>(&self) -> Option<&E> {
+        self.0.downcast_ref()
+    }
+}
+
+impl StdError for Cause {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.0.source()
+    }
+}
+
+impl fmt::Debug for Cause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl fmt::Display for Cause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&*self.0, f)
+    }
+}
+
+/// What was being done when an error stopped it.
+#[derive(Debug)]
+struct Doing {
+    what: String,
+    error: Box<dyn StdError + Send + Sync + 'static>,
+}
+
+impl fmt::Display for Doing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.what, self.error)
+    }
+}
+
+impl StdError for Doing {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        Some(&*self.error)
+    }
+}
+
+/// Two causes are equal when they read the same (the client's error types rarely
+/// compare).
+impl PartialEq for Cause {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || self.0.to_string() == other.0.to_string()
+    }
+}
+
+impl Eq for Cause {}
 
 /// A settlement the transport could not carry out.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum AckError {
     /// The broker has no operation for this outcome (Core NATS settles nothing;
     /// Kafka `Commit::Auto` cannot bring a record back).
@@ -21,9 +115,16 @@ pub enum AckError {
         /// The longest delay the subscription can hold, exclusive.
         limit: Duration,
     },
-    /// The broker or connection failed while settling.
+    /// The broker or connection failed while settling; the client's error is the source.
     #[error("settlement failed: {0}")]
-    Failed(String),
+    Failed(#[source] Cause),
+}
+
+impl AckError {
+    /// The broker or connection failed while settling, because of `cause`.
+    pub fn failed(cause: impl Into<Box<dyn StdError + Send + Sync + 'static>>) -> Self {
+        Self::Failed(Cause::new(cause))
+    }
 }
 
 /// What kind of failure a [`PublishError`] is. [`is_transient`](Self::is_transient) tells
@@ -78,45 +179,117 @@ impl std::fmt::Display for PublishErrorKind {
     }
 }
 
-/// A publish that was not confirmed by the broker.
+/// A publish that was not confirmed by the broker: the address, the
+/// [kind](PublishErrorKind) of failure, and its cause (the client's error, as `source()`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("publishing to `{address}` failed ({kind}): {detail}")]
+#[error("publishing to `{address}` failed: {kind}: {cause}")]
 pub struct PublishError {
-    /// The address published to.
-    pub address: String,
-    /// The kind of failure.
-    pub kind: PublishErrorKind,
-    /// The broker's or client's explanation.
-    pub detail: String,
+    address: String,
+    kind: PublishErrorKind,
+    #[source]
+    cause: Cause,
 }
 
 impl PublishError {
-    /// A publish error for `address`.
-    pub fn new(address: impl Into<String>, kind: PublishErrorKind, detail: impl ToString) -> Self {
+    /// A publish to `address` failed with `kind`, because of `cause` (the client's error,
+    /// or a sentence).
+    pub fn new(
+        address: impl Into<String>,
+        kind: PublishErrorKind,
+        cause: impl Into<Box<dyn StdError + Send + Sync + 'static>>,
+    ) -> Self {
         Self {
             address: address.into(),
             kind,
-            detail: detail.to_string(),
+            cause: Cause::new(cause),
         }
+    }
+
+    /// The address published to.
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
+    /// The kind of failure; [`PublishErrorKind::is_transient`] tells whether trying again
+    /// may help.
+    pub fn kind(&self) -> PublishErrorKind {
+        self.kind
     }
 }
 
-/// A subscription that could not be opened or read.
+/// A subscription that could not be opened or read: the address and the cause (the
+/// client's error, as `source()`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("subscription on `{address}`: {detail}")]
+#[error("subscription on `{address}`: {cause}")]
 pub struct SubscribeError {
-    /// The descriptor's address.
-    pub address: String,
-    /// What went wrong, for an operator.
-    pub detail: String,
+    address: String,
+    #[source]
+    cause: Cause,
 }
 
 impl SubscribeError {
-    /// A subscribe error for `address`.
-    pub fn new(address: impl Into<String>, detail: impl ToString) -> Self {
+    /// Subscribing to or reading `address` failed because of `cause` (the client's
+    /// error, or a sentence).
+    pub fn new(
+        address: impl Into<String>,
+        cause: impl Into<Box<dyn StdError + Send + Sync + 'static>>,
+    ) -> Self {
         Self {
             address: address.into(),
-            detail: detail.to_string(),
+            cause: Cause::new(cause),
         }
+    }
+
+    /// The descriptor's address.
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("connection reset")]
+    struct ClientError;
+
+    #[test]
+    fn the_cause_stays_reachable_as_a_value() {
+        let error = PublishError::new("orders", PublishErrorKind::Disconnected, ClientError);
+        assert_eq!(
+            error.to_string(),
+            "publishing to `orders` failed: disconnected: connection reset"
+        );
+        let cause = error.source().expect("a source");
+        let cause = cause.downcast_ref::<Cause>().expect("the cause");
+        assert!(cause.downcast_ref::<ClientError>().is_some());
+    }
+
+    #[test]
+    fn context_reads_what_then_why_and_chains_to_the_error() {
+        let error = AckError::Failed(Cause::context("storing offset 41 of orders/0", ClientError));
+        assert_eq!(
+            error.to_string(),
+            "settlement failed: storing offset 41 of orders/0: connection reset"
+        );
+        // AckError -> Cause (transparent: its source is the context's source) -> ClientError.
+        let next = error
+            .source()
+            .and_then(|c| c.source())
+            .expect("the client error");
+        assert!(next.downcast_ref::<ClientError>().is_some());
+    }
+
+    #[test]
+    fn a_sentence_is_a_cause_too() {
+        let error = SubscribeError::new("orders", "no stream captures `orders`");
+        assert_eq!(error.address(), "orders");
+        assert_eq!(
+            error.to_string(),
+            "subscription on `orders`: no stream captures `orders`"
+        );
     }
 }

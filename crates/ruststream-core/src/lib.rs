@@ -12,12 +12,10 @@
 //! use ruststream_core::{plan, Capabilities, CopyTarget, Declaration, HandlerOutcome, Settle, Verdict};
 //!
 //! // A broker that settles and counts nothing (Core NATS), with a cap of 3.
-//! let declaration = Declaration {
-//!     max_attempts: Some(3),
-//!     dead_letter: Some(Arc::from("orders.dead")),
-//!     retry_address: Some(Arc::from("orders")),
-//!     handler_timeout: None,
-//! };
+//! let mut declaration = Declaration::default();
+//! declaration.max_attempts = Some(3);
+//! declaration.dead_letter = Some(Arc::from("orders.dead"));
+//! declaration.retry_address = Some(Arc::from("orders"));
 //! let below = plan(
 //!     Verdict::Outcome(HandlerOutcome::retry_after(Duration::from_secs(1))),
 //!     1,
@@ -38,8 +36,9 @@ mod descriptor;
 mod error;
 pub mod hash;
 mod headers;
+mod names;
 mod outcome;
-pub mod plan;
+mod plan;
 mod publish;
 mod start;
 mod wait;
@@ -48,10 +47,11 @@ pub use capabilities::{Capabilities, DeadLetters, DelayedRedelivery, Verb};
 pub use declaration::Declaration;
 pub use delivery::{Attempt, AttemptSource, Delivery, Metadata};
 pub use descriptor::{Backlog, BacklogProbe, Descriptor, LinkProbe, Subscription};
-pub use error::{AckError, PublishError, PublishErrorKind, SubscribeError};
+pub use error::{AckError, Cause, PublishError, PublishErrorKind, SubscribeError};
 pub use headers::{Headers, MalformedRetryCount, RETRY_COUNT_HEADER};
+pub use names::AddressNames;
 pub use outcome::{HandlerOutcome, OutcomeKind};
-pub use plan::{Copy, CopyTarget, Plan, Settle, Verdict, may_copy, plan};
-pub use publish::{BoxFuture, Outgoing, Publish};
+pub use plan::{CopyTarget, Plan, PlannedCopy, Settle, Verdict, may_copy, plan};
+pub use publish::{BoxFuture, Extras, Outgoing, Publish};
 pub use start::StartAt;
 pub use wait::{ATTEMPT_EVERY, wait_for_broker};

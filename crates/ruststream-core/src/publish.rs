@@ -1,7 +1,10 @@
 //! Publishing: a message going out, and the transport's confirmed publish.
 
+use std::any::{Any, TypeId};
+use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 
 use bytes::Bytes;
 
@@ -11,8 +14,9 @@ use crate::headers::Headers;
 /// A boxed, sendable future, as the object-safe parts of the contract return.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// A message to publish.
+/// A message to publish, made with [`Outgoing::new`] and its fields set.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Outgoing {
     /// Topic or subject.
     pub address: String,
@@ -22,6 +26,9 @@ pub struct Outgoing {
     pub headers: Headers,
     /// Key (Kafka record key, Pulsar partition key); ignored by brokers without keys.
     pub key: Option<Bytes>,
+    /// Broker options, typed (`ruststream_kafka::Partition`,
+    /// `ruststream_nats::MessageId`); a transport reads the ones it knows.
+    pub extras: Extras,
 }
 
 impl Outgoing {
@@ -32,7 +39,83 @@ impl Outgoing {
             payload: payload.into(),
             headers: Headers::new(),
             key: None,
+            extras: Extras::default(),
         }
+    }
+}
+
+/// Options one broker understands, carried with a message as typed values: Kafka's
+/// partition, a JetStream message id. A transport reads the types it defines and ignores
+/// the rest. Empty, it holds no allocation.
+#[derive(Clone, Default)]
+pub struct Extras {
+    entries: Vec<Extra>,
+}
+
+#[derive(Clone)]
+struct Extra {
+    value: Arc<dyn Any + Send + Sync>,
+    eq: fn(&dyn Any, &dyn Any) -> bool,
+    debug: fn(&dyn Any, &mut fmt::Formatter<'_>) -> fmt::Result,
+}
+
+impl Extras {
+    /// Sets `value`, replacing one of the same type.
+    pub fn insert<T: Any + Send + Sync + PartialEq + fmt::Debug>(&mut self, value: T) {
+        let extra = Extra {
+            value: Arc::new(value),
+            eq: |a, b| a.downcast_ref::<T>() == b.downcast_ref::<T>(),
+            debug: |v, f| match v.downcast_ref::<T>() {
+                Some(v) => fmt::Debug::fmt(v, f),
+                None => f.write_str("?"),
+            },
+        };
+        match self.position(TypeId::of::<T>()) {
+            Some(i) => self.entries[i] = extra,
+            None => self.entries.push(extra),
+        }
+    }
+
+    /// The value of type `T`, when set.
+    pub fn get<T: Any>(&self) -> Option<&T> {
+        let i = self.position(TypeId::of::<T>())?;
+        self.entries[i].value.downcast_ref()
+    }
+
+    /// True when no option is set.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    fn position(&self, id: TypeId) -> Option<usize> {
+        self.entries.iter().position(|e| (*e.value).type_id() == id)
+    }
+}
+
+impl PartialEq for Extras {
+    fn eq(&self, other: &Self) -> bool {
+        self.entries.len() == other.entries.len()
+            && self.entries.iter().all(|a| {
+                other.entries.iter().any(|b| {
+                    (*a.value).type_id() == (*b.value).type_id() && (a.eq)(&*a.value, &*b.value)
+                })
+            })
+    }
+}
+
+impl Eq for Extras {}
+
+impl fmt::Debug for Extras {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        struct Entry<'a>(&'a Extra);
+        impl fmt::Debug for Entry<'_> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                (self.0.debug)(&*self.0.value, f)
+            }
+        }
+        f.debug_list()
+            .entries(self.entries.iter().map(Entry))
+            .finish()
     }
 }
 
@@ -42,4 +125,28 @@ impl Outgoing {
 pub trait Publish: Send + Sync + 'static {
     /// Publishes `message` and waits for the broker's confirmation.
     fn publish(&self, message: Outgoing) -> BoxFuture<'_, Result<(), PublishError>>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, PartialEq)]
+    struct Partition(i32);
+
+    #[test]
+    fn typed_options_are_set_read_and_compared() {
+        let mut a = Outgoing::new("orders", Bytes::new());
+        assert!(a.extras.is_empty());
+        a.extras.insert(Partition(1));
+        a.extras.insert(Partition(3));
+        assert_eq!(a.extras.get::<Partition>(), Some(&Partition(3)));
+        assert_eq!(a.extras.get::<String>(), None);
+        let mut b = Outgoing::new("orders", Bytes::new());
+        b.extras.insert(Partition(3));
+        assert_eq!(a, b);
+        b.extras.insert(Partition(4));
+        assert_ne!(a, b);
+        assert_eq!(format!("{:?}", b.extras), "[Partition(4)]");
+    }
 }

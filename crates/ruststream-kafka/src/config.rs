@@ -28,38 +28,34 @@ pub enum Commit {
 
 /// Auto: nothing to send for ack and drop, no way back for a retry; a record whose copy
 /// the broker refused is read again (its offset stored back, the partition sought back).
-pub const AUTO_CAPABILITIES: Capabilities = Capabilities {
-    ack: Verb::Implicit,
-    drop: Verb::Implicit,
-    redeliver: Verb::Unsupported,
-    delayed_redelivery: DelayedRedelivery::Unsupported,
-    native_count: false,
-    dead_letters: DeadLetters::Runtime,
-    holds_original: false,
-    redeliver_in_place: false,
-    rewinds: true,
-};
+pub const AUTO_CAPABILITIES: Capabilities = Capabilities::NOTHING
+    .with_ack(Verb::Implicit)
+    .with_drop(Verb::Implicit)
+    .with_redeliver(Verb::Unsupported)
+    .with_delayed_redelivery(DelayedRedelivery::Unsupported)
+    .with_native_count(false)
+    .with_dead_letters(DeadLetters::Runtime)
+    .with_holds_original(false)
+    .with_redeliver_in_place(false)
+    .with_rewinds(true);
 
 /// Tracked: ack and drop store the position, retry redelivers locally, and a delayed
 /// copy's original keeps the position waiting until the copy is confirmed.
-pub const TRACKED_CAPABILITIES: Capabilities = Capabilities {
-    ack: Verb::Native,
-    drop: Verb::AsAck,
-    redeliver: Verb::Native,
-    delayed_redelivery: DelayedRedelivery::Unsupported,
-    native_count: false,
-    dead_letters: DeadLetters::Runtime,
-    holds_original: true,
-    redeliver_in_place: true,
-    rewinds: false,
-};
+pub const TRACKED_CAPABILITIES: Capabilities = Capabilities::NOTHING
+    .with_ack(Verb::Native)
+    .with_drop(Verb::AsAck)
+    .with_redeliver(Verb::Native)
+    .with_delayed_redelivery(DelayedRedelivery::Unsupported)
+    .with_native_count(false)
+    .with_dead_letters(DeadLetters::Runtime)
+    .with_holds_original(true)
+    .with_redeliver_in_place(true)
+    .with_rewinds(false);
 
 /// Transactional: settles like Tracked; `retry()` (a `Redeliver`) aborts the open window
 /// instead of running the record again in place.
-pub const TRANSACTIONAL_CAPABILITIES: Capabilities = Capabilities {
-    redeliver_in_place: false,
-    ..TRACKED_CAPABILITIES
-};
+pub const TRANSACTIONAL_CAPABILITIES: Capabilities =
+    TRACKED_CAPABILITIES.with_redeliver_in_place(false);
 
 impl Commit {
     /// What the mode can do.

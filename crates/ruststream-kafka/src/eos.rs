@@ -207,6 +207,9 @@ impl Publish for EosPublisher {
             if let Some(key) = &message.key {
                 record = record.key(&key[..]);
             }
+            if let Some(partition) = message.extras.get::<crate::publish::Partition>() {
+                record = record.partition(partition.0);
+            }
             let headers: Option<OwnedHeaders> =
                 (!message.headers.is_empty()).then(|| to_kafka(&message.headers));
             if let Some(headers) = headers {

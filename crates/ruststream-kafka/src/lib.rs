@@ -80,8 +80,9 @@ mod context;
 mod descriptor;
 mod eos;
 mod publish;
-mod subscription;
-pub mod tracker;
+mod receipt;
+pub mod subscription;
+mod tracker;
 mod window;
 
 use std::collections::BTreeMap;
@@ -90,13 +91,12 @@ use std::sync::Arc;
 pub use config::{AUTO_CAPABILITIES, Commit, TRACKED_CAPABILITIES, TRANSACTIONAL_CAPABILITIES};
 pub use descriptor::{DEFAULT_CLOSE_TIMEOUT, KafkaPartitions, KafkaTopic, KafkaTopics};
 pub use eos::{DEFAULT_COMMIT_INTERVAL, EosPipeline, EosPublisher, WindowReport};
-pub use publish::{DELIVERY_TIMEOUT, KafkaPublisher, Landed};
+pub use publish::{DELIVERY_TIMEOUT, KafkaPublisher, Landed, Partition};
 pub use rdkafka;
 pub use rdkafka::Offset;
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::FutureProducer;
 pub use ruststream_core::StartAt;
-pub use subscription::{KafkaReceipt, KafkaSubscription};
 
 /// A Kafka cluster: its address, settings shared by every client, and one producer.
 #[derive(Clone)]
@@ -121,12 +121,18 @@ impl std::fmt::Debug for Kafka {
 
 /// The producer could not be created.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot set up a Kafka client for `{brokers}`: {detail}")]
+#[error("cannot set up a Kafka client for `{brokers}`: {source}")]
 pub struct SetupError {
+    brokers: String,
+    #[source]
+    source: rdkafka::error::KafkaError,
+}
+
+impl SetupError {
     /// The bootstrap servers.
-    pub brokers: String,
-    /// What librdkafka said.
-    pub detail: String,
+    pub fn brokers(&self) -> &str {
+        &self.brokers
+    }
 }
 
 impl Kafka {
@@ -145,9 +151,9 @@ impl Kafka {
         for (key, value) in &settings {
             config.set(key, value);
         }
-        let producer: FutureProducer = config.create().map_err(|e| SetupError {
+        let producer: FutureProducer = config.create().map_err(|source| SetupError {
             brokers: brokers.to_owned(),
-            detail: e.to_string(),
+            source,
         })?;
         Ok(Self {
             brokers: brokers.to_owned(),
@@ -221,8 +227,14 @@ impl Kafka {
         )
     }
 
-    /// The confirmed producer.
+    /// The confirmed producer, with Kafka's own answers (where a record landed).
     pub fn publisher(&self) -> KafkaPublisher {
         KafkaPublisher::new(Arc::clone(&self.producer))
+    }
+
+    /// The confirmed publish, for `ruststream::Publisher::new`: the one publishing shape
+    /// of every transport (`.to(topic).key(..).header(..).with(Partition(3)).send(&v)`).
+    pub fn publish_handle(&self) -> Arc<dyn ruststream_core::Publish> {
+        Arc::new(self.publisher())
     }
 }

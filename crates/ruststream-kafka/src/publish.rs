@@ -23,6 +23,12 @@ impl std::fmt::Debug for KafkaPublisher {
     }
 }
 
+/// The partition a record goes to, as an option of a published message
+/// (`Outgoing::extras`, `PublishBuilder::with`); without it, the partitioner picks one by
+/// the key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Partition(pub i32);
+
 /// Where a produced record landed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Landed {
@@ -110,12 +116,13 @@ impl Publish for KafkaPublisher {
     fn publish(&self, message: Outgoing) -> BoxFuture<'_, Result<(), PublishError>> {
         Box::pin(async move {
             let key: Option<&Bytes> = message.key.as_ref();
+            let partition = message.extras.get::<Partition>().map(|p| p.0);
             self.send(
                 &message.address,
                 key.map(|k| k.as_ref()),
                 &message.headers,
                 &message.payload,
-                None,
+                partition,
             )
             .await
             .map(drop)

@@ -1,6 +1,6 @@
 //! An open Kafka subscription: records in, positions stored (Tracked).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,26 +10,16 @@ use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::error::KafkaResult;
 use rdkafka::message::{BorrowedMessage, Headers as _, Message};
 use ruststream_core::{
-    AckError, Attempt, Backlog, BacklogProbe, Delivery, Headers, LinkProbe, Metadata, Settle,
-    SubscribeError, Subscription,
+    AckError, AddressNames, Attempt, Backlog, BacklogProbe, Cause, Delivery, Headers, LinkProbe,
+    Metadata, Settle, SubscribeError, Subscription,
 };
 
 use crate::close::off_runtime;
 use crate::config::Commit;
 use crate::context::{Moves, TrackingContext};
+pub use crate::receipt::KafkaReceipt;
 use crate::tracker::OffsetTracker;
 use crate::window::{Tick, Window};
-
-/// Where a delivery came from, and which assignment of its partition it belongs to.
-#[derive(Debug, Clone)]
-pub struct KafkaReceipt {
-    pub(crate) topic: Arc<str>,
-    pub(crate) partition: i32,
-    pub(crate) offset: i64,
-    pub(crate) generation: u64,
-    /// Its partition's place in the book.
-    slot: usize,
-}
 
 #[derive(Debug)]
 struct PartitionState {
@@ -178,8 +168,7 @@ pub struct KafkaSubscription {
     consumer: Option<Consumer_>,
     book: Book,
     commit: Commit,
-    topics: HashMap<String, Arc<str>>,
-    last_topic: Arc<str>,
+    topics: AddressNames,
     address: Arc<str>,
     close_timeout: Duration,
     window: Option<Window>,
@@ -213,8 +202,7 @@ impl KafkaSubscription {
             consumer: Some(Arc::new(consumer)),
             book: Book::new(moves),
             commit,
-            topics: HashMap::new(),
-            last_topic: Arc::from(""),
+            topics: AddressNames::default(),
             address: Arc::from(address),
             close_timeout,
             window,
@@ -223,25 +211,8 @@ impl KafkaSubscription {
         }
     }
 
-    fn topic(&mut self, name: &str) -> Arc<str> {
-        // Records mostly come from the topic of the one before.
-        if *self.last_topic == *name {
-            return Arc::clone(&self.last_topic);
-        }
-        let topic = match self.topics.get(name) {
-            Some(topic) => Arc::clone(topic),
-            None => {
-                let topic: Arc<str> = Arc::from(name);
-                self.topics.insert(name.to_owned(), Arc::clone(&topic));
-                topic
-            }
-        };
-        self.last_topic = Arc::clone(&topic);
-        topic
-    }
-
     fn delivery(&mut self, message: &BorrowedMessage<'_>) -> (Delivery, KafkaReceipt) {
-        let topic = self.topic(message.topic());
+        let topic = self.topics.get(message.topic());
         let headers: Headers = message
             .headers()
             .map(|h| {
@@ -285,8 +256,9 @@ impl KafkaSubscription {
         };
         let (topic, partition, offset) = (&*receipt.topic, receipt.partition, receipt.offset);
         let failed = |what: &str, e: rdkafka::error::KafkaError| {
-            AckError::Failed(format!(
-                "{what} {topic}/{partition} to offset {offset}: {e}"
+            AckError::Failed(Cause::context(
+                format!("{what} {topic}/{partition} to offset {offset}"),
+                e,
             ))
         };
         // `store_offset` stores the offset after the one given.
@@ -495,13 +467,16 @@ impl Subscription for KafkaSubscription {
                     .store_list(&receipt, position + 1)
                     .and_then(|list| consumer.store_offsets(list))
                     .map_err(|e| {
-                        AckError::Failed(format!(
-                            "storing offset {position} of {}/{}: {e}",
-                            receipt.topic, receipt.partition
+                        AckError::Failed(Cause::context(
+                            format!(
+                                "storing offset {position} of {}/{}",
+                                receipt.topic, receipt.partition
+                            ),
+                            e,
                         ))
                     })
             }
-            (Commit::Tracked, other) => Err(AckError::Failed(format!(
+            (Commit::Tracked, other) => Err(AckError::failed(format!(
                 "{other:?} has no meaning on Kafka"
             ))),
         }

@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 
 /// Running offsets and the stored position of one partition.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct OffsetTracker {
+pub(crate) struct OffsetTracker {
     running: BTreeSet<i64>,
     lowest_delivered: Option<i64>,
     highest_delivered: Option<i64>,
@@ -19,19 +19,19 @@ pub struct OffsetTracker {
 
 impl OffsetTracker {
     /// A tracker that has seen nothing.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// `offset` was handed to a handler (again, for a redelivery).
-    pub fn delivered(&mut self, offset: i64) {
+    pub(crate) fn delivered(&mut self, offset: i64) {
         self.running.insert(offset);
         self.lowest_delivered = Some(self.lowest_delivered.map_or(offset, |l| l.min(offset)));
         self.highest_delivered = Some(self.highest_delivered.map_or(offset, |h| h.max(offset)));
     }
 
     /// `offset` is settled. Returns the new stored position when it moved up.
-    pub fn settled(&mut self, offset: i64) -> Option<i64> {
+    pub(crate) fn settled(&mut self, offset: i64) -> Option<i64> {
         if !self.running.remove(&offset) {
             return None;
         }
@@ -52,17 +52,19 @@ impl OffsetTracker {
     }
 
     /// The stored position: the last offset the group need not read again.
-    pub fn stored(&self) -> Option<i64> {
+    pub(crate) fn stored(&self) -> Option<i64> {
         self.stored
     }
 
     /// The offset the group resumes from (stored position + 1).
-    pub fn committed(&self) -> Option<i64> {
+    #[cfg(test)]
+    pub(crate) fn committed(&self) -> Option<i64> {
         self.stored.map(|s| s + 1)
     }
 
     /// Offsets still running, lowest first.
-    pub fn running(&self) -> impl Iterator<Item = i64> + '_ {
+    #[cfg(test)]
+    pub(crate) fn running(&self) -> impl Iterator<Item = i64> + '_ {
         self.running.iter().copied()
     }
 }

@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use crate::close::off_runtime;
 use crate::context::{Moves, TrackingContext};
 use crate::eos::{EosPipeline, Pipeline, TRANSACTION_TIMEOUT, WindowOffsets, fenced};
-use crate::subscription::KafkaReceipt;
+use crate::receipt::KafkaReceipt;
 
 type Consumer_ = Arc<StreamConsumer<TrackingContext>>;
 

@@ -194,9 +194,10 @@ async fn g7_start_against_a_closed_port_fails_within_the_connect_timeout_naming_
         .start()
         .await;
     let took = started.elapsed();
-    let Err(StartError::Open { detail, .. }) = refused else {
+    let Err(StartError::Open { source, .. }) = refused else {
         panic!("started, or refused for another reason: {refused:?}");
     };
+    let detail = source.to_string();
     assert!(detail.contains("127.0.0.1:1"), "{detail}");
     assert!(took < Duration::from_secs(8), "failed after {took:?}");
     println!(

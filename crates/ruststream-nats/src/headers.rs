@@ -72,7 +72,7 @@ mod tests {
         let mut h = Headers::new();
         h.insert("bad", &b"\xff"[..]);
         let e = to_nats(&h, "orders").unwrap_err();
-        assert!(e.to_string().contains("`bad`") && e.address == "orders");
+        assert!(e.to_string().contains("`bad`") && e.address() == "orders");
         let mut h = Headers::new();
         h.insert("x", "a\r\nInjected: 1");
         assert!(to_nats(&h, "orders").is_err());

@@ -29,17 +29,16 @@ pub const DEFAULT_ACK_WAIT: Duration = Duration::from_secs(30);
 
 /// What JetStream can do for a subscription: every verb, its own `delivered` count and
 /// delayed redelivery (`-NAK {"delay"}`); dead letters are the runtime's (N7).
-pub const CAPABILITIES: Capabilities = Capabilities {
-    ack: Verb::Native,
-    drop: Verb::Native,
-    redeliver: Verb::Native,
-    delayed_redelivery: DelayedRedelivery::Native,
-    native_count: true,
-    dead_letters: DeadLetters::Runtime,
-    holds_original: true,
-    redeliver_in_place: false,
-    rewinds: false,
-};
+pub const CAPABILITIES: Capabilities = Capabilities::NOTHING
+    .with_ack(Verb::Native)
+    .with_drop(Verb::Native)
+    .with_redeliver(Verb::Native)
+    .with_delayed_redelivery(DelayedRedelivery::Native)
+    .with_native_count(true)
+    .with_dead_letters(DeadLetters::Runtime)
+    .with_holds_original(true)
+    .with_redeliver_in_place(false)
+    .with_rewinds(false);
 
 /// A JetStream stream read through a durable pull consumer, created (or updated) on
 /// start. A missing stream is a startup error naming it. `max_deliver` is left unset
@@ -523,19 +522,18 @@ impl Subscription for JetStreamSubscription {
             Settle::RedeliverAfter(delay) => AckKind::Nak(Some(delay)),
         };
         let payload = Bytes::from(kind);
-        let result = if self.double_ack {
+        if self.double_ack {
             self.client
                 .request(reply, payload)
                 .await
                 .map(drop)
-                .map_err(|e| e.to_string())
+                .map_err(AckError::failed)
         } else {
             self.client
                 .publish(reply, payload)
                 .await
-                .map_err(|e| e.to_string())
-        };
-        result.map_err(AckError::Failed)
+                .map_err(AckError::failed)
+        }
     }
 
     async fn close(mut self) {

@@ -84,7 +84,7 @@
 //!   subject; when no answer comes (the server restarting), the publish fails rather
 //!   than going out on Core NATS, so the original stays unsettled and comes back.
 
-mod core;
+mod core_subject;
 mod drops;
 mod headers;
 mod jetstream;
@@ -94,13 +94,19 @@ mod subject;
 use std::sync::Arc;
 
 pub use async_nats;
-pub use core::{CoreSubject, CoreSubscription, CoreWildcard};
+pub use core_subject::{CoreSubject, CoreWildcard};
 use drops::SlowConsumers;
+
+/// The open subscriptions the descriptors make: the runtime drives them, a service never
+/// names them.
+pub mod subscription {
+    pub use crate::core_subject::CoreSubscription;
+    pub use crate::jetstream::JetStreamSubscription;
+}
 pub use jetstream::{
     CAPABILITIES as JETSTREAM_CAPABILITIES, DEFAULT_ACK_WAIT, DEFAULT_BATCH, JetStreamConsumer,
-    JetStreamSubscription,
 };
-pub use publish::{NatsPublisher, RequestError, Stored};
+pub use publish::{MessageId, NatsPublisher, RequestError, Stored};
 use ruststream_core::Publish;
 pub use ruststream_core::StartAt;
 
@@ -116,16 +122,20 @@ pub const DEFAULT_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::fr
 
 /// The connection could not be made.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot connect to NATS at `{url}`: {detail}")]
+#[error("cannot connect to NATS at `{url}`: {source}")]
 pub struct ConnectError {
-    /// The server address.
-    pub url: String,
-    /// What the client said.
-    pub detail: String,
+    url: String,
+    #[source]
+    source: async_nats::ConnectError,
     unreachable: bool,
 }
 
 impl ConnectError {
+    /// The server address.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
     /// The server did not answer (waiting may help), rather than refusing the client.
     pub fn is_unreachable(&self) -> bool {
         self.unreachable
@@ -195,8 +205,8 @@ impl Nats {
                 use async_nats::ConnectErrorKind as Kind;
                 ConnectError {
                     url: url.to_owned(),
-                    detail: e.to_string(),
                     unreachable: matches!(e.kind(), Kind::TimedOut | Kind::Io | Kind::Dns),
+                    source: e,
                 }
             })?;
         Ok(Self { client, drops })
@@ -252,7 +262,8 @@ impl Nats {
         NatsPublisher::new(self.client.clone())
     }
 
-    /// The confirmed publish, for `ruststream::Publisher::new`.
+    /// The confirmed publish, for `ruststream::Publisher::new`: the one publishing shape
+    /// of every transport (`.to(subject).header(..).with(MessageId(..)).send(&v)`).
     pub fn publish_handle(&self) -> Arc<dyn Publish> {
         Arc::new(self.publisher())
     }

@@ -11,7 +11,9 @@ use async_nats::jetstream::context::{
 };
 use async_nats::{Client, RequestErrorKind};
 use bytes::Bytes;
-use ruststream_core::{BoxFuture, Headers, Outgoing, Publish, PublishError, PublishErrorKind};
+use ruststream_core::{
+    BoxFuture, Cause, Headers, Outgoing, Publish, PublishError, PublishErrorKind,
+};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -60,20 +62,22 @@ pub enum RequestError {
         timeout: Duration,
     },
     /// The request could not be encoded, or the reply decoded.
-    #[error("request on `{subject}`: {detail}")]
+    #[error("request on `{subject}`: {source}")]
     Codec {
         /// The request subject.
         subject: String,
-        /// What failed.
-        detail: String,
+        /// What failed: the codec's error.
+        #[source]
+        source: Cause,
     },
     /// The connection failed.
-    #[error("request on `{subject}` failed: {detail}")]
+    #[error("request on `{subject}` failed: {source}")]
     Failed {
         /// The request subject.
         subject: String,
-        /// What the client said.
-        detail: String,
+        /// The client's error.
+        #[source]
+        source: Cause,
     },
 }
 
@@ -133,7 +137,7 @@ impl NatsPublisher {
         payload: Bytes,
     ) -> Result<(), PublishError> {
         let map = to_nats(headers, subject)?;
-        let failed = |e: &async_nats::PublishError| {
+        let failed = |e: async_nats::PublishError| {
             let kind = match e.kind() {
                 async_nats::client::PublishErrorKind::MaxPayloadExceeded => {
                     PublishErrorKind::TooLarge
@@ -152,7 +156,7 @@ impl NatsPublisher {
             }
             None => self.client.publish(subject_owned, payload).await,
         }
-        .map_err(|e| failed(&e))?;
+        .map_err(failed)?;
         self.client
             .flush()
             .await
@@ -180,9 +184,9 @@ impl NatsPublisher {
             .jetstream
             .send_publish(subject.to_owned(), message)
             .await
-            .map_err(|e| PublishError::new(subject, js_kind(&e), &e))?
+            .map_err(|e| PublishError::new(subject, js_kind(&e), e))?
             .await
-            .map_err(|e| PublishError::new(subject, js_kind(&e), &e))?;
+            .map_err(|e| PublishError::new(subject, js_kind(&e), e))?;
         Ok(Stored {
             stream: ack.stream,
             sequence: ack.sequence,
@@ -198,11 +202,11 @@ impl NatsPublisher {
         request: &Req,
         timeout: Duration,
     ) -> Result<Resp, RequestError> {
-        let codec = |detail: String| RequestError::Codec {
+        let codec = |what: &str, e: serde_json::Error| RequestError::Codec {
             subject: subject.to_owned(),
-            detail,
+            source: Cause::context(what, e),
         };
-        let payload = serde_json::to_vec(request).map_err(|e| codec(format!("encode: {e}")))?;
+        let payload = serde_json::to_vec(request).map_err(|e| codec("encode", e))?;
         let message = async_nats::Request::new()
             .payload(payload.into())
             .timeout(Some(timeout));
@@ -220,10 +224,10 @@ impl NatsPublisher {
                 },
                 _ => RequestError::Failed {
                     subject: subject.to_owned(),
-                    detail: e.to_string(),
+                    source: Cause::new(e),
                 },
             })?;
-        serde_json::from_slice(&reply.payload).map_err(|e| codec(format!("decode reply: {e}")))
+        serde_json::from_slice(&reply.payload).map_err(|e| codec("decode reply", e))
     }
 }
 
@@ -283,11 +287,19 @@ fn answered(e: &GetStreamByNameError) -> bool {
     false
 }
 
+/// The `Nats-Msg-Id` of a message published to a JetStream stream, as an option of a
+/// published message (`Outgoing::extras`, `PublishBuilder::with`): the stream stores one
+/// message per id within its duplicate window. Ignored on a Core subject (nothing
+/// there deduplicates).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MessageId(pub String);
+
 impl Publish for NatsPublisher {
     fn publish(&self, message: Outgoing) -> BoxFuture<'_, Result<(), PublishError>> {
         Box::pin(async move {
             if self.in_stream(&message.address).await? {
-                self.jetstream(&message.address, &message.headers, message.payload, None)
+                let id = message.extras.get::<MessageId>().map(|id| id.0.as_str());
+                self.jetstream(&message.address, &message.headers, message.payload, id)
                     .await
                     .map(drop)
             } else {

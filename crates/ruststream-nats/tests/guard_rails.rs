@@ -359,9 +359,10 @@ async fn g4_registrations_that_would_read_their_own_dead_letters_or_name_bad_sub
         )
         .start()
         .await;
-    let Err(StartError::Open { detail, .. }) = refused else {
+    let Err(StartError::Open { source, .. }) = refused else {
         panic!("started: {refused:?}");
     };
+    let detail = source.to_string();
     assert!(
         detail.contains("captured by this consumer's own stream"),
         "{detail}"

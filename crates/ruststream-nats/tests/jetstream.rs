@@ -459,6 +459,24 @@ async fn jetstream_publish_waits_for_the_ack_and_deduplicates_by_msg_id() {
     assert_eq!(Setup::messages(&s.stream).await, 1);
 }
 
+/// The one publishing shape (`ruststream::Publisher`) on JetStream: the message id as a
+/// typed option deduplicates like `jetstream(.., Some(id))`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_common_publisher_deduplicates_by_the_message_id_option() {
+    let s = Setup::new("COMMONPUB").await;
+    let publisher = ruststream::Publisher::new(s.nats.publish_handle());
+    for _ in 0..2 {
+        publisher
+            .to(s.subject())
+            .header("h", "v")
+            .with(ruststream_nats::MessageId("order-1".to_owned()))
+            .send_bytes(Bytes::from_static(b"once"))
+            .await
+            .unwrap();
+    }
+    assert_eq!(Setup::messages(&s.stream).await, 1);
+}
+
 /// A server that completes the handshake and answers pings, and answers nothing else:
 /// every JetStream API request to it goes unanswered.
 async fn silent_server() -> String {
@@ -507,9 +525,9 @@ async fn n6_an_unanswered_stream_lookup_fails_the_publish() {
         ))
         .await;
     let error = sent.expect_err("an unanswered lookup is not a Core publish");
-    assert_eq!(error.address, "orders.dead");
+    assert_eq!(error.address(), "orders.dead");
     assert!(
-        error.detail.contains("whether a stream captures"),
+        error.to_string().contains("whether a stream captures"),
         "{error}"
     );
 }

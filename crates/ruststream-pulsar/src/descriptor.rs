@@ -114,19 +114,18 @@ impl Descriptor for PulsarTopic {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            ack: Verb::Native,
-            drop: Verb::AsAck,
-            redeliver: Verb::Native,
-            delayed_redelivery: DelayedRedelivery::Held {
+        Capabilities::NOTHING
+            .with_ack(Verb::Native)
+            .with_drop(Verb::AsAck)
+            .with_redeliver(Verb::Native)
+            .with_delayed_redelivery(DelayedRedelivery::Held {
                 limit: self.ack_timeout,
-            },
-            native_count: self.counts(),
-            dead_letters: DeadLetters::Broker,
-            holds_original: true,
-            redeliver_in_place: false,
-            rewinds: false,
-        }
+            })
+            .with_native_count(self.counts())
+            .with_dead_letters(DeadLetters::Broker)
+            .with_holds_original(true)
+            .with_redeliver_in_place(false)
+            .with_rewinds(false)
     }
 
     fn reads(&self, address: &str) -> bool {

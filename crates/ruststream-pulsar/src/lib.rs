@@ -79,14 +79,15 @@
 
 mod descriptor;
 mod publish;
-mod subscription;
+pub mod subscription;
 
 pub use descriptor::PulsarTopic;
 pub use publish::PulsarPublisher;
 pub use pulsar;
 pub use pulsar::message::proto::command_subscribe::SubType;
 pub use ruststream_core::StartAt;
-pub use subscription::{PulsarReceipt, PulsarSubscription};
+
+use ruststream_core::Cause;
 
 /// A Pulsar cluster connection, shared by descriptors and publishers.
 #[derive(Clone)]
@@ -103,12 +104,18 @@ impl std::fmt::Debug for Pulsar {
 
 /// The connection could not be made.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot connect to Pulsar at `{url}`: {detail}")]
+#[error("cannot connect to Pulsar at `{url}`: {source}")]
 pub struct ConnectError {
+    url: String,
+    #[source]
+    source: Cause,
+}
+
+impl ConnectError {
     /// The service URL.
-    pub url: String,
-    /// What the client said.
-    pub detail: String,
+    pub fn url(&self) -> &str {
+        &self.url
+    }
 }
 
 /// How long [`Pulsar::connect`] waits for the broker (SPEC G7).
@@ -127,15 +134,15 @@ impl Pulsar {
         url: &str,
         timeout: std::time::Duration,
     ) -> Result<Self, ConnectError> {
-        let fail = |detail: String| ConnectError {
+        let fail = |source: Cause| ConnectError {
             url: url.to_owned(),
-            detail,
+            source,
         };
         let build = pulsar::Pulsar::builder(url, pulsar::TokioExecutor).build();
         let client = tokio::time::timeout(timeout, build)
             .await
-            .map_err(|_| fail(format!("no answer within {timeout:?}")))?
-            .map_err(|e| fail(e.to_string()))?;
+            .map_err(|_| fail(Cause::new(format!("no answer within {timeout:?}"))))?
+            .map_err(|e| fail(Cause::new(e)))?;
         Ok(Self::from_client(client))
     }
 
@@ -183,5 +190,12 @@ impl Pulsar {
     /// Publishes with keys and properties, confirmed by the broker's receipt.
     pub fn publisher(&self) -> PulsarPublisher {
         self.publisher.clone()
+    }
+
+    /// The confirmed publish, for `ruststream::Publisher::new`: the one publishing shape
+    /// of every transport (`.to(topic).key(..).header(..).send(&v)`; headers are the
+    /// message's properties).
+    pub fn publish_handle(&self) -> std::sync::Arc<dyn ruststream_core::Publish> {
+        std::sync::Arc::new(self.publisher())
     }
 }

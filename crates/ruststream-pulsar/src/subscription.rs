@@ -2,17 +2,19 @@
 //! the attempt count kept per message id.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
 use pulsar::TokioExecutor;
 use pulsar::consumer::{Consumer, ConsumerBuilder};
+use pulsar::message::Payload;
 use pulsar::message::proto::MessageIdData;
 use ruststream_core::hash::SpreadMap;
 use ruststream_core::{
-    AckError, Attempt, Delivery, Headers, Metadata, Settle, SubscribeError, Subscription,
+    AckError, AddressNames, Attempt, Delivery, Headers, Metadata, Settle, SubscribeError,
+    Subscription,
 };
 use tokio::time::Instant;
 
@@ -78,8 +80,7 @@ pub struct PulsarSubscription {
     held: BinaryHeap<Reverse<Held>>,
     /// The held waits of a lost consumer, by message id: when each is due.
     waits: SpreadMap<IdKey, Instant>,
-    topics: HashMap<String, Arc<str>>,
-    last_topic: Arc<str>,
+    topics: AddressNames,
 }
 
 impl std::fmt::Debug for PulsarSubscription {
@@ -108,24 +109,34 @@ impl PulsarSubscription {
             attempts: SpreadMap::default(),
             held: BinaryHeap::new(),
             waits: SpreadMap::default(),
-            topics: HashMap::new(),
-            last_topic: Arc::from(""),
+            topics: AddressNames::default(),
         }
     }
 
-    fn topic(&mut self, name: &str) -> Arc<str> {
-        // Messages mostly come from the topic of the one before.
-        if *self.last_topic != *name {
-            self.last_topic = match self.topics.get(name) {
-                Some(topic) => Arc::clone(topic),
-                None => {
-                    let topic: Arc<str> = Arc::from(name);
-                    self.topics.insert(name.to_owned(), Arc::clone(&topic));
-                    topic
-                }
-            };
-        }
-        Arc::clone(&self.last_topic)
+    /// A message as a delivery, its attempt counted where the subscription type counts.
+    fn delivery(&mut self, topic: Arc<str>, id: &MessageIdData, payload: Payload) -> Delivery {
+        let metadata = &payload.metadata;
+        let headers: Headers = metadata
+            .properties
+            .iter()
+            .map(|kv| (kv.key.clone(), Bytes::from(kv.value.clone())))
+            .collect();
+        let attempt = if self.counts {
+            let seen = self.attempts.entry(key(id)).or_insert(0);
+            *seen += 1;
+            Attempt::from_broker(*seen)
+        } else {
+            // Exclusive and Failover deliver every message with count 0 (P4).
+            Attempt::from_broker(1)
+        };
+        let position = Metadata::sequence(metadata.sequence_id)
+            .with_timestamp_ms(i64::try_from(metadata.publish_time).ok());
+        let key = metadata.partition_key.clone().map(Bytes::from);
+        Delivery::new(topic, Bytes::from(payload.data))
+            .with_headers(headers)
+            .with_key(key)
+            .with_metadata(position)
+            .with_attempt(attempt)
     }
 
     /// The consumer, subscribing again first when the last one's stream ended.
@@ -168,9 +179,8 @@ impl PulsarSubscription {
     /// waiting for a new subscription, which only `next` makes, where a stop can cut it.
     fn current(&mut self) -> Result<&mut Consumer<Vec<u8>, TokioExecutor>, AckError> {
         self.consumer.as_mut().ok_or_else(|| {
-            AckError::Failed(
-                "the consumer's connection was lost; the broker delivers the message again"
-                    .to_owned(),
+            AckError::failed(
+                "the consumer's connection was lost; the broker delivers the message again",
             )
         })
     }
@@ -187,7 +197,7 @@ impl PulsarSubscription {
         self.current()?
             .nack_with_id(&receipt.topic, receipt.id)
             .await
-            .map_err(|e| AckError::Failed(e.to_string()))
+            .map_err(AckError::failed)
     }
 }
 
@@ -231,7 +241,7 @@ impl Subscription for PulsarSubscription {
                 Ok(message) => message,
                 Err(e) => return Some(Err(SubscribeError::new(&*self.address, e))),
             };
-            let topic = self.topic(&message.topic);
+            let topic = self.topics.get(&message.topic);
             let id = message.message_id.id.clone();
             // (Empty unless a connection was lost: no lookup per message then.)
             if !self.waits.is_empty()
@@ -245,28 +255,7 @@ impl Subscription for PulsarSubscription {
                 }));
                 continue;
             }
-            let metadata = &message.payload.metadata;
-            let headers: Headers = metadata
-                .properties
-                .iter()
-                .map(|kv| (kv.key.clone(), Bytes::from(kv.value.clone())))
-                .collect();
-            let attempt = if self.counts {
-                let seen = self.attempts.entry(key(&id)).or_insert(0);
-                *seen += 1;
-                Attempt::from_broker(*seen)
-            } else {
-                // Exclusive and Failover deliver every message with count 0 (P4).
-                Attempt::from_broker(1)
-            };
-            let delivery = Delivery::new(Arc::clone(&topic), Bytes::from(message.payload.data))
-                .with_headers(headers)
-                .with_key(metadata.partition_key.clone().map(Bytes::from))
-                .with_metadata(
-                    Metadata::sequence(metadata.sequence_id)
-                        .with_timestamp_ms(i64::try_from(metadata.publish_time).ok()),
-                )
-                .with_attempt(attempt);
+            let delivery = self.delivery(Arc::clone(&topic), &id, message.payload);
             return Some(Ok((delivery, PulsarReceipt { topic, id })));
         }
     }
@@ -279,7 +268,7 @@ impl Subscription for PulsarSubscription {
                 self.current()?
                     .ack_with_id(&receipt.topic, receipt.id)
                     .await
-                    .map_err(|e| AckError::Failed(e.to_string()))
+                    .map_err(AckError::failed)
             }
             Settle::Redeliver => self.nack(receipt).await,
             Settle::RedeliverAfter(delay) => {

@@ -5,14 +5,15 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ruststream_core::Descriptor;
+use ruststream_core::{Cause, SubscribeError};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::middleware::Service;
+use crate::group::Registrations;
+use crate::in_flight::InFlight;
 use crate::ops::{Health, Metrics, Ops};
 use crate::registration::Registration;
-use crate::runtime::{Env, InFlight, Mount, Observe};
+use crate::runtime::{Env, Mount, Observe};
 use crate::state::StateMap;
 
 /// How long running handlers get to finish on stop, unless set.
@@ -122,8 +123,15 @@ impl App {
     }
 
     /// Adds a registration (see [`on`](crate::on)).
-    pub fn register<D: Descriptor, S: Service>(mut self, registration: Registration<D, S>) -> Self {
-        self.mounts.push(Box::new(registration));
+    pub fn register<D, S>(mut self, registration: Registration<D, S>) -> Self {
+        self.mounts.push((registration.mount)(registration));
+        self
+    }
+
+    /// Adds every registration of `group`: a service split across modules has each
+    /// module return its [`Registrations`], and the app merges them.
+    pub fn merge(mut self, group: Registrations) -> Self {
+        self.mounts.extend(group.into_mounts());
         self
     }
 
@@ -207,7 +215,7 @@ impl App {
                         .await
                         .map_err(|e| StartError::Ops {
                             addr,
-                            detail: e.to_string(),
+                            source: Cause::new(e),
                         })?;
                 let bound = listener.local_addr().unwrap_or(addr);
                 let ops = Arc::new(Ops {
@@ -245,12 +253,12 @@ impl App {
                     running.drivers.push(started.driver);
                     running.in_flight.push(started.in_flight);
                 }
-                Err(detail) => {
+                Err(source) => {
                     running.stop().await;
                     return Err(StartError::Open {
                         registration: name,
                         address,
-                        detail,
+                        source,
                     });
                 }
             }
@@ -424,29 +432,31 @@ impl fmt::Display for Violation {
 
 /// Why the app did not start. No subscription is left open.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum StartError {
     /// Registrations break rules; every one is listed.
     #[error("the app refuses to start; {} rule(s) broken:{}", .0.len(), list(.0))]
     Invalid(Vec<Violation>),
-    /// A subscription could not be opened.
-    #[error(
-        "registration `{registration}` on `{address}` could not open its subscription: {detail}"
-    )]
+    /// A subscription could not be opened; the transport's error (which names the
+    /// address, and keeps the client's error as its own source) is the source.
+    #[error("registration `{registration}` could not open its subscription: {source}")]
     Open {
         /// The registration's name.
         registration: String,
         /// The descriptor's address.
         address: String,
-        /// What the broker said.
-        detail: String,
+        /// What the transport said.
+        #[source]
+        source: SubscribeError,
     },
     /// The ops endpoint could not listen on its address.
-    #[error("the ops endpoint cannot listen on {addr}: {detail}")]
+    #[error("the ops endpoint cannot listen on {addr}: {source}")]
     Ops {
         /// The address asked for.
         addr: SocketAddr,
-        /// Why (address in use, permission denied...).
-        detail: String,
+        /// Why (address in use, permission denied...): the I/O error.
+        #[source]
+        source: Cause,
     },
 }
 

@@ -3,6 +3,10 @@
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+/// A codec's failure: the format library's own error, kept as a value so it stays
+/// reachable through `source()`.
+type CodecError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
 /// Turns payload bytes into values and back. [`Json`] is the default; implement this for
 /// another format and use it as `Decoded<T, MyCodec>`.
 pub trait Codec: Send + Sync + 'static {
@@ -10,10 +14,10 @@ pub trait Codec: Send + Sync + 'static {
     const NAME: &'static str;
 
     /// Decodes a payload.
-    fn decode<T: DeserializeOwned>(payload: &[u8]) -> Result<T, String>;
+    fn decode<T: DeserializeOwned>(payload: &[u8]) -> Result<T, CodecError>;
 
     /// Encodes a value.
-    fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, String>;
+    fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, CodecError>;
 }
 
 /// JSON through `serde_json`.
@@ -23,11 +27,11 @@ pub struct Json;
 impl Codec for Json {
     const NAME: &'static str = "json";
 
-    fn decode<T: DeserializeOwned>(payload: &[u8]) -> Result<T, String> {
-        serde_json::from_slice(payload).map_err(|e| e.to_string())
+    fn decode<T: DeserializeOwned>(payload: &[u8]) -> Result<T, CodecError> {
+        serde_json::from_slice(payload).map_err(Into::into)
     }
 
-    fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, String> {
-        serde_json::to_vec(value).map_err(|e| e.to_string())
+    fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, CodecError> {
+        serde_json::to_vec(value).map_err(Into::into)
     }
 }

@@ -70,7 +70,9 @@ pub mod codec;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 pub mod extract;
+mod group;
 pub mod handler;
+mod in_flight;
 pub mod memory;
 pub mod middleware;
 pub mod ops;
@@ -87,10 +89,9 @@ pub use app::{
 };
 pub use backoff::Backoff;
 pub use codec::{Codec, Json};
-pub use extract::{
-    Context, Decoded, FromDelivery, Incoming, Message, Meta, Payload, Rejection, ReplyTo, State,
-};
-pub use handler::{Completion, Handler, IntoOutcome};
+pub use extract::{Decoded, FromDelivery, Message, Meta, Payload, ReplyTo, State};
+pub use group::Registrations;
+pub use handler::{Handler, IntoOutcome};
 pub use publisher::{PublishBuilder, Publisher};
 pub use registration::{
     DEFAULT_MAX_IN_FLIGHT, FailurePolicy, LaneKey, MAX_LANES, Registration, on,
@@ -100,4 +101,54 @@ pub use ruststream_core::{
     AckError, Attempt, AttemptSource, Delivery, HandlerOutcome, Headers, Metadata, Outgoing,
     PublishError, RETRY_COUNT_HEADER, StartAt,
 };
-pub use state::StateMap;
+
+/// Checks a handler where it is written: each argument an extractor, the return type an
+/// outcome, the future `Send`, each mistake reported at its cause.
+///
+/// Optional: a handler without it works the same, and a mistake in it is refused where
+/// it is registered, with one message for all kinds of mistake. The attribute leaves
+/// the function unchanged and costs nothing at run time.
+///
+/// ```
+/// use ruststream::{HandlerOutcome, Message};
+///
+/// #[ruststream::handler]
+/// async fn on_order(Message(order): Message<serde_json::Value>) -> HandlerOutcome {
+///     let _ = order;
+///     HandlerOutcome::ack()
+/// }
+/// ```
+///
+/// A handler holding an `Rc` across an `.await` is reported with the value and the
+/// `.await`:
+///
+/// ```compile_fail
+/// use std::rc::Rc;
+/// use ruststream::HandlerOutcome;
+///
+/// #[ruststream::handler]
+/// async fn on_order() -> HandlerOutcome {
+///     let counter = Rc::new(1);
+///     tokio::task::yield_now().await;
+///     let _ = counter;
+///     HandlerOutcome::ack()
+/// }
+/// ```
+pub use ruststream_macros::handler;
+
+/// What `#[ruststream::handler]` expands to calls; not for direct use.
+#[doc(hidden)]
+pub mod __private {
+    use std::future::Future;
+
+    /// Compiles when `T` is a handler argument.
+    pub fn extractor<T: crate::FromDelivery>() {}
+
+    /// Compiles when `T` is what a handler may return.
+    pub fn outcome<T: crate::IntoOutcome>() {}
+
+    /// Compiles when the handler's future may move between threads.
+    pub fn send<F: Future + Send>(future: F) {
+        drop(future);
+    }
+}

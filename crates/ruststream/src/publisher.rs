@@ -70,6 +70,17 @@ impl PublishBuilder<'_> {
         self
     }
 
+    /// Sets a broker option (`ruststream_kafka::Partition(3)`,
+    /// `ruststream_nats::MessageId(..)`): a transport reads the ones it defines and
+    /// ignores the rest.
+    pub fn with<T>(mut self, option: T) -> Self
+    where
+        T: std::any::Any + Send + Sync + PartialEq + fmt::Debug,
+    {
+        self.message.extras.insert(option);
+        self
+    }
+
     /// Encodes `value` as JSON and publishes it.
     pub async fn send<T: Serialize + ?Sized>(self, value: &T) -> Result<(), PublishError> {
         self.send_with::<Json, T>(value).await

@@ -10,6 +10,7 @@ use crate::backoff::Backoff;
 
 use crate::handler::{Handler, HandlerService};
 use crate::middleware::{Layer, Service};
+use crate::runtime::mount::Mount;
 use crate::state::StateMap;
 
 /// What happens to a delivery an extractor refuses (an undecodable payload, SPEC E1).
@@ -64,6 +65,7 @@ where
         service: HandlerService::new(handler),
         requirements: H::requirements,
         options: Options::default(),
+        mount: |registration| Box::new(registration),
     }
 }
 
@@ -121,6 +123,10 @@ pub struct Registration<D, S> {
     pub(crate) service: S,
     pub(crate) requirements: fn(&StateMap) -> Vec<String>,
     pub(crate) options: Options,
+    /// Erases its types, made where they are known to fit (in [`on`] and
+    /// [`layer`](Registration::layer)), so the app takes a registration with no bound
+    /// of its own: a handler that is not one is reported once, at `on`.
+    pub(crate) mount: fn(Self) -> Box<dyn Mount>,
 }
 
 impl<D: Descriptor, S: Service> Registration<D, S> {
@@ -209,6 +215,7 @@ impl<D: Descriptor, S: Service> Registration<D, S> {
             service: layer.layer(self.service),
             requirements: self.requirements,
             options: self.options,
+            mount: |registration| Box::new(registration),
         }
     }
 
@@ -219,12 +226,11 @@ impl<D: Descriptor, S: Service> Registration<D, S> {
             .retry_to
             .as_deref()
             .or_else(|| self.descriptor.retry_address());
-        Declaration {
-            max_attempts: self.options.max_attempts,
-            dead_letter: self.options.dead_letter.as_deref().map(Arc::from),
-            retry_address: retry.map(Arc::from),
-            handler_timeout: None,
-        }
+        let mut declaration = Declaration::default();
+        declaration.max_attempts = self.options.max_attempts;
+        declaration.dead_letter = self.options.dead_letter.as_deref().map(Arc::from);
+        declaration.retry_address = retry.map(Arc::from);
+        declaration
     }
 
     /// Every rule this registration breaks (SPEC E4), one string each.

@@ -9,10 +9,12 @@ use ruststream::core::{
     Capabilities, DeadLetters, Declaration, DelayedRedelivery, Descriptor, Publish, SubscribeError,
     Verb,
 };
+use ruststream::extract::Incoming;
 use ruststream::memory::{MemoryBroker, MemorySubscription, MemoryTopic};
+use ruststream::middleware::Completion;
 use ruststream::middleware::{Layer, Service, TraceLayer};
 use ruststream::testing::TestApp;
-use ruststream::{App, Completion, HandlerOutcome, Incoming, Payload, RETRY_COUNT_HEADER, on};
+use ruststream::{App, HandlerOutcome, Payload, RETRY_COUNT_HEADER, on};
 
 /// Reads one memory address but claims, like a multi-topic read, that no single publish
 /// reaches what it reads, on a broker that counts nothing (Kafka-like).
@@ -28,17 +30,16 @@ impl Descriptor for SeveralAddresses {
         None
     }
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            ack: Verb::Native,
-            drop: Verb::AsAck,
-            redeliver: Verb::Native,
-            delayed_redelivery: DelayedRedelivery::Unsupported,
-            native_count: false,
-            dead_letters: DeadLetters::Runtime,
-            holds_original: true,
-            redeliver_in_place: false,
-            rewinds: false,
-        }
+        Capabilities::NOTHING
+            .with_ack(Verb::Native)
+            .with_drop(Verb::AsAck)
+            .with_redeliver(Verb::Native)
+            .with_delayed_redelivery(DelayedRedelivery::Unsupported)
+            .with_native_count(false)
+            .with_dead_letters(DeadLetters::Runtime)
+            .with_holds_original(true)
+            .with_redeliver_in_place(false)
+            .with_rewinds(false)
     }
     fn publisher(&self) -> Arc<dyn Publish> {
         self.0.publisher()

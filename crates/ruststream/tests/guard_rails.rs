@@ -6,8 +6,9 @@ use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use ruststream::memory::MemoryBroker;
+use ruststream::middleware::Completion;
 use ruststream::testing::TestApp;
-use ruststream::{App, Backoff, Completion, HandlerOutcome, Meta, RETRY_COUNT_HEADER, on};
+use ruststream::{App, Backoff, HandlerOutcome, Meta, RETRY_COUNT_HEADER, on};
 
 static LOG: OnceLock<Mutex<Vec<u8>>> = OnceLock::new();
 

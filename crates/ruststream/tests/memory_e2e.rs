@@ -7,9 +7,10 @@ use std::time::Duration;
 
 use ruststream::core::{Plan, Settle};
 use ruststream::memory::MemoryBroker;
+use ruststream::middleware::Completion;
 use ruststream::testing::TestApp;
 use ruststream::{
-    App, Completion, FailurePolicy, HandlerOutcome, Headers, Message, Meta, Payload, Publisher,
+    App, FailurePolicy, HandlerOutcome, Headers, Message, Meta, Payload, Publisher,
     RETRY_COUNT_HEADER, State, on,
 };
 use serde::{Deserialize, Serialize};

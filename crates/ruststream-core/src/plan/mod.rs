@@ -53,7 +53,7 @@ pub enum CopyTarget {
 
 /// A copy the runtime publishes (and has confirmed) before the original is settled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Copy {
+pub struct PlannedCopy {
     /// Retry or dead letter.
     pub target: CopyTarget,
     /// How long to wait before publishing (zero: at once).
@@ -65,7 +65,7 @@ pub struct Copy {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
     /// A copy to publish first.
-    pub copy: Option<Copy>,
+    pub copy: Option<PlannedCopy>,
     /// The settlement of the original, after the copy is confirmed.
     pub settle: Settle,
     /// What could not be done as asked, for the log.
@@ -184,7 +184,7 @@ fn copy_to_retry(
         // Startup validation refuses such registrations; stay total anyway.
         return Plan::refuse(AckError::Unsupported { verb });
     }
-    let copy = Copy {
+    let copy = PlannedCopy {
         target: CopyTarget::Retry {
             retry_count: attempt,
         },
@@ -199,14 +199,14 @@ fn exhausted(declaration: &Declaration, capabilities: &Capabilities) -> Plan {
     if declaration.dead_letter.is_none() {
         return settle;
     }
-    let copy = Copy {
+    let copy = PlannedCopy {
         target: CopyTarget::DeadLetter,
         delay: Duration::ZERO,
     };
     with_copy(copy, settle)
 }
 
-fn with_copy(copy: Copy, settle: Plan) -> Plan {
+fn with_copy(copy: PlannedCopy, settle: Plan) -> Plan {
     Plan {
         copy: Some(copy),
         ..settle

@@ -104,7 +104,7 @@ fn unsupported(verb: &'static str) -> Plan {
 
 fn retry_copy(retry_count: u32, delay: Duration, settle: Settle) -> Plan {
     Plan {
-        copy: Some(Copy {
+        copy: Some(PlannedCopy {
             target: CopyTarget::Retry { retry_count },
             delay,
         }),
@@ -115,7 +115,7 @@ fn retry_copy(retry_count: u32, delay: Duration, settle: Settle) -> Plan {
 
 fn dead_letter_then(settle: Settle) -> Plan {
     Plan {
-        copy: Some(Copy {
+        copy: Some(PlannedCopy {
             target: CopyTarget::DeadLetter,
             delay: Duration::ZERO,
         }),
@@ -229,7 +229,7 @@ fn k7_retry_after_without_declaration_still_copies_in_every_mode() {
         let p = run(HandlerOutcome::retry_after(D), 1, &d, &caps);
         assert_eq!(
             p.copy,
-            Some(Copy {
+            Some(PlannedCopy {
                 target: CopyTarget::Retry { retry_count: 1 },
                 delay: D
             })
@@ -418,7 +418,7 @@ fn n3_core_declared_retry_is_unsupported_and_copies_at_once() {
     let p = run(HandlerOutcome::retry(), 1, &d, &CORE);
     assert_eq!(
         p.copy,
-        Some(Copy {
+        Some(PlannedCopy {
             target: CopyTarget::Retry { retry_count: 1 },
             delay: Duration::ZERO
         })
@@ -433,7 +433,7 @@ fn n3_core_retry_after_copies_after_the_delay() {
     let p = run(HandlerOutcome::retry_after(D), 1, &d, &CORE);
     assert_eq!(
         p.copy,
-        Some(Copy {
+        Some(PlannedCopy {
             target: CopyTarget::Retry { retry_count: 1 },
             delay: D
         })
@@ -454,7 +454,7 @@ fn n5_core_below_cap_copies_to_the_retry_address() {
     let p = run(HandlerOutcome::retry_after(D), 2, &d, &CORE);
     assert_eq!(
         p.copy,
-        Some(Copy {
+        Some(PlannedCopy {
             target: CopyTarget::Retry { retry_count: 2 },
             delay: D
         })
@@ -472,7 +472,7 @@ fn n6_core_at_cap_publishes_dead_letter() {
     let p = run(HandlerOutcome::retry(), 3, &d, &CORE);
     assert_eq!(
         p.copy,
-        Some(Copy {
+        Some(PlannedCopy {
             target: CopyTarget::DeadLetter,
             delay: Duration::ZERO
         })

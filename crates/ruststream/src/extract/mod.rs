@@ -5,12 +5,12 @@ mod types;
 use std::fmt;
 use std::sync::Arc;
 
-use ruststream_core::Delivery;
+use ruststream_core::{Cause, Delivery};
 
 pub use types::{Decoded, Message, Meta, Payload, ReplyTo, State};
 
 use crate::publisher::Publisher;
-use crate::state::StateMap;
+pub use crate::state::StateMap;
 
 /// A delivery on its way to a handler, with what the registration shares with it.
 #[derive(Debug)]
@@ -69,13 +69,31 @@ impl Context {
     }
 }
 
-/// Why an extractor refused a delivery.
+/// Why an extractor refused a delivery: what it was extracting, and the cause (a codec's
+/// error, as `source()`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rejection {
-    /// What was being extracted (`Message<orders::Order>` ...).
-    pub extractor: &'static str,
-    /// Why, for an operator.
-    pub reason: String,
+    extractor: &'static str,
+    cause: Cause,
+}
+
+impl Rejection {
+    /// `extractor` (its type name: `Message<orders::Order>`...) refused the delivery
+    /// because of `cause` (an error, or a sentence).
+    pub fn new(
+        extractor: &'static str,
+        cause: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    ) -> Self {
+        Self {
+            extractor,
+            cause: Cause::new(cause),
+        }
+    }
+
+    /// What was being extracted.
+    pub fn extractor(&self) -> &'static str {
+        self.extractor
+    }
 }
 
 impl fmt::Display for Rejection {
@@ -83,12 +101,16 @@ impl fmt::Display for Rejection {
         write!(
             f,
             "{} could not be extracted: {}",
-            self.extractor, self.reason
+            self.extractor, self.cause
         )
     }
 }
 
-impl std::error::Error for Rejection {}
+impl std::error::Error for Rejection {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(self.cause.as_error())
+    }
+}
 
 /// A handler argument made from the incoming delivery.
 #[diagnostic::on_unimplemented(

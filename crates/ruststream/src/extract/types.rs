@@ -6,7 +6,7 @@ use std::ops::Deref;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use ruststream_core::{Attempt, Delivery, Headers, Metadata};
+use ruststream_core::{Attempt, Cause, Delivery, Headers};
 use serde::de::DeserializeOwned;
 
 use super::{FromDelivery, Incoming, Rejection};
@@ -60,9 +60,11 @@ fn decode<T: DeserializeOwned, C: Codec>(
     incoming: &Incoming,
     extractor: &'static str,
 ) -> Result<T, Rejection> {
-    C::decode(incoming.delivery().payload()).map_err(|reason| Rejection {
-        extractor,
-        reason: format!("{} decode failed: {reason}", C::NAME),
+    C::decode(incoming.delivery().payload()).map_err(|error| {
+        Rejection::new(
+            extractor,
+            Cause::context(format!("{} decode failed", C::NAME), error),
+        )
     })
 }
 
@@ -94,8 +96,9 @@ impl FromDelivery for Delivery {
     }
 }
 
-/// Where and how the delivery arrived.
+/// Where and how the delivery arrived: `meta.attempt.number()`, `meta.partition`...
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Meta {
     /// Which attempt this is (1 for the first delivery) and who counted it.
     pub attempt: Attempt,
@@ -103,18 +106,29 @@ pub struct Meta {
     pub key: Option<Bytes>,
     /// The address it was read from.
     pub address: Arc<str>,
-    /// Broker position (partition, offset, sequence).
-    pub metadata: Metadata,
+    /// The Kafka partition.
+    pub partition: Option<i32>,
+    /// The Kafka offset.
+    pub offset: Option<i64>,
+    /// The stream sequence (JetStream, the memory broker).
+    pub sequence: Option<u64>,
+    /// When the broker stored it, in milliseconds since the Unix epoch, where the broker
+    /// says.
+    pub timestamp_ms: Option<i64>,
 }
 
 impl FromDelivery for Meta {
     fn from_delivery(incoming: &Incoming) -> Result<Self, Rejection> {
         let d = incoming.delivery();
+        let position = d.metadata();
         Ok(Meta {
             attempt: d.attempt(),
             key: d.key().cloned(),
             address: Arc::clone(d.address_arc()),
-            metadata: *d.metadata(),
+            partition: position.partition,
+            offset: position.offset,
+            sequence: position.sequence,
+            timestamp_ms: position.timestamp_ms,
         })
     }
 }
@@ -144,10 +158,7 @@ impl<T: Send + Sync + 'static> FromDelivery for State<T> {
             .state()
             .get::<T>()
             .map(State)
-            .ok_or_else(|| Rejection {
-                extractor: type_name::<Self>(),
-                reason: "the app has no such state".to_owned(),
-            })
+            .ok_or_else(|| Rejection::new(type_name::<Self>(), "the app has no such state"))
     }
 
     fn requirement(state: &StateMap) -> Option<String> {
@@ -178,9 +189,11 @@ impl FromDelivery for ReplyTo {
             .delivery()
             .reply_to()
             .map(|r| ReplyTo(Arc::from(r)))
-            .ok_or_else(|| Rejection {
-                extractor: "ReplyTo",
-                reason: "the delivery is not a request (it has no reply address)".to_owned(),
+            .ok_or_else(|| {
+                Rejection::new(
+                    "ReplyTo",
+                    "the delivery is not a request (it has no reply address)",
+                )
             })
     }
 }

@@ -5,10 +5,10 @@ mod outcome;
 use std::future::Future;
 use std::marker::PhantomData;
 
-pub use outcome::{Completion, IntoOutcome};
+pub use outcome::IntoOutcome;
 
 use crate::extract::{FromDelivery, Incoming};
-use crate::middleware::Service;
+use crate::middleware::{Completion, Service};
 use crate::state::StateMap;
 
 /// An async function usable as a handler: every argument implements [`FromDelivery`],
@@ -17,9 +17,10 @@ use crate::state::StateMap;
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a ruststream handler",
     label = "not a handler",
-    note = "a handler is an `async fn` with up to 8 arguments that implement `FromDelivery` (Message<T>, Payload, Headers, Meta, State<T>, Publisher...), returning `HandlerOutcome` or `Result<HandlerOutcome, E>`"
+    note = "a handler is an `async fn` with up to 8 arguments that implement `FromDelivery` (Message<T>, Payload, Headers, Meta, State<T>, Publisher...), returning `HandlerOutcome` or `Result<HandlerOutcome, E: Display>`, whose future is `Send` (nothing like an `Rc` or a `std::sync::MutexGuard` held across an `.await`)",
+    note = "put `#[ruststream::handler]` on the function to see which argument, type or `.await` is at fault"
 )]
-pub trait Handler<Args>: Clone + Send + Sync + 'static {
+pub trait Handler<Args>: Send + Sync + 'static {
     /// Extracts the arguments from `incoming` and runs the function.
     fn call<'a>(&'a self, incoming: &'a Incoming) -> impl Future<Output = Completion> + Send + 'a;
 
@@ -32,7 +33,7 @@ macro_rules! impl_handler {
     ($($arg:ident),*) => {
         impl<F, Fut, R, $($arg,)*> Handler<($($arg,)*)> for F
         where
-            F: Fn($($arg),*) -> Fut + Clone + Send + Sync + 'static,
+            F: Fn($($arg),*) -> Fut + Send + Sync + 'static,
             Fut: Future<Output = R> + Send,
             R: IntoOutcome,
             $($arg: FromDelivery,)*
@@ -68,7 +69,9 @@ impl_handler!(T1, T2, T3, T4, T5, T6);
 impl_handler!(T1, T2, T3, T4, T5, T6, T7);
 impl_handler!(T1, T2, T3, T4, T5, T6, T7, T8);
 
-/// A [`Handler`] as a [`Service`], the innermost layer of a registration.
+/// A [`Handler`] as a [`Service`], the innermost layer of a registration (what
+/// [`on`](crate::on) makes; a service never names it).
+#[doc(hidden)]
 pub struct HandlerService<H, Args> {
     handler: H,
     _args: PhantomData<fn(Args)>,

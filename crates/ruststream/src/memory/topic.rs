@@ -62,29 +62,27 @@ impl Descriptor for MemoryTopic {
 
     fn capabilities(&self) -> Capabilities {
         if self.runtime_retries {
-            Capabilities {
-                ack: Verb::Native,
-                drop: Verb::AsAck,
-                redeliver: Verb::Native,
-                delayed_redelivery: DelayedRedelivery::Unsupported,
-                native_count: false,
-                dead_letters: DeadLetters::Runtime,
-                holds_original: true,
-                redeliver_in_place: true,
-                rewinds: false,
-            }
+            Capabilities::NOTHING
+                .with_ack(Verb::Native)
+                .with_drop(Verb::AsAck)
+                .with_redeliver(Verb::Native)
+                .with_delayed_redelivery(DelayedRedelivery::Unsupported)
+                .with_native_count(false)
+                .with_dead_letters(DeadLetters::Runtime)
+                .with_holds_original(true)
+                .with_redeliver_in_place(true)
+                .with_rewinds(false)
         } else {
-            Capabilities {
-                ack: Verb::Native,
-                drop: Verb::Native,
-                redeliver: Verb::Native,
-                delayed_redelivery: DelayedRedelivery::Native,
-                native_count: true,
-                dead_letters: DeadLetters::Runtime,
-                holds_original: true,
-                redeliver_in_place: false,
-                rewinds: false,
-            }
+            Capabilities::NOTHING
+                .with_ack(Verb::Native)
+                .with_drop(Verb::Native)
+                .with_redeliver(Verb::Native)
+                .with_delayed_redelivery(DelayedRedelivery::Native)
+                .with_native_count(true)
+                .with_dead_letters(DeadLetters::Runtime)
+                .with_holds_original(true)
+                .with_redeliver_in_place(false)
+                .with_rewinds(false)
         }
     }
 
@@ -145,7 +143,7 @@ impl Subscription for MemorySubscription {
         if known {
             Ok(())
         } else {
-            Err(AckError::Failed(format!(
+            Err(AckError::failed(format!(
                 "delivery {tag} is not outstanding on `{}`",
                 self.address
             )))

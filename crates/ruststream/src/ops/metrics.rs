@@ -11,8 +11,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::handler::Completion;
-use crate::runtime::InFlight;
+use crate::in_flight::InFlight;
+use crate::middleware::Completion;
 use std::time::Duration;
 
 use ruststream_core::{BacklogProbe, CopyTarget, OutcomeKind, Plan};

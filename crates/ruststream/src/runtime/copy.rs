@@ -4,12 +4,12 @@
 use std::time::Duration;
 
 use ruststream_core::{
-    Capabilities, Copy, CopyTarget, Declaration, DelayedRedelivery, Delivery, Outgoing, Publish,
-    PublishError, PublishErrorKind, RETRY_COUNT_HEADER, Settle, Verb, Verdict, plan,
+    Capabilities, CopyTarget, Declaration, DelayedRedelivery, Delivery, Outgoing, PlannedCopy,
+    Publish, PublishError, PublishErrorKind, RETRY_COUNT_HEADER, Settle, Verb, Verdict, plan,
 };
 use tokio::sync::watch;
 
-use super::driver::Shared;
+use super::shared::Shared;
 use crate::backoff::{Backoff, REFUSAL_BACKOFF};
 use crate::ops::{CopyFailure, Instruments, Published};
 
@@ -22,7 +22,7 @@ const TRANSIENT_BACKOFF: Backoff =
 /// Builds the copy the plan asks for.
 pub(crate) fn outgoing(
     delivery: &Delivery,
-    copy: &Copy,
+    copy: &PlannedCopy,
     declaration: &Declaration,
 ) -> Result<Outgoing, PublishError> {
     let missing = |what: &str| {
@@ -51,12 +51,10 @@ pub(crate) fn outgoing(
             (address, headers)
         }
     };
-    Ok(Outgoing {
-        address: address.to_owned(),
-        payload: delivery.payload().clone(),
-        headers,
-        key: delivery.key().cloned(),
-    })
+    let mut copy = Outgoing::new(address, delivery.payload().clone());
+    copy.headers = headers;
+    copy.key = delivery.key().cloned();
+    Ok(copy)
 }
 
 /// What becomes of an original whose copy the broker would not take.
@@ -100,11 +98,9 @@ pub(crate) async fn wait_unless_stopped(stop: &watch::Receiver<bool>, delay: Dur
 pub(crate) async fn deliver<S>(
     shared: &Shared<S>,
     delivery: &Delivery,
-    mut copy: Copy,
+    mut copy: PlannedCopy,
     mut planned: Settle,
 ) -> Settle {
-    let registration = &*shared.registration;
-    let capabilities = &shared.capabilities;
     let attempt = delivery.attempt().number();
     let mut held = 0;
     loop {
@@ -128,84 +124,118 @@ pub(crate) async fn deliver<S>(
             Err(error) => error,
         };
         if let Some(metrics) = &shared.metrics {
-            metrics.copy_failed(match give_back(capabilities) {
+            metrics.copy_failed(match give_back(&shared.capabilities) {
                 GiveBack::Lost => CopyFailure::Lost,
                 _ => CopyFailure::Refused,
             });
         }
-        if error.kind == PublishErrorKind::TooLarge
+        if error.kind() == PublishErrorKind::TooLarge
             && matches!(copy.target, CopyTarget::Retry { .. })
             && shared.declaration.dead_letter.is_some()
         {
             // The retry header made it too large; the message as it arrived fits where
             // it came from, so it goes to the dead letter unchanged.
             tracing::warn!(
-                registration,
+                registration = &*shared.registration,
                 address = delivery.address(),
                 attempt,
                 %error,
                 "the retry copy is too large for the broker; dead-lettering the message as it arrived"
             );
-            copy = Copy {
+            copy = PlannedCopy {
                 target: CopyTarget::DeadLetter,
                 delay: Duration::ZERO,
             };
-            planned = plan(Verdict::Reject, attempt, &shared.declaration, capabilities).settle;
+            let reject = plan(
+                Verdict::Reject,
+                attempt,
+                &shared.declaration,
+                &shared.capabilities,
+            );
+            planned = reject.settle;
             continue;
         }
-        let what = match copy.target {
+        let refused = Refused {
+            delivery,
+            copy: &copy,
+            error: &error,
+        };
+        if let Some(settle) = refused.give_back(shared, planned, &mut held).await {
+            return settle;
+        }
+    }
+}
+
+/// A copy the broker refused, and the original it was made from.
+struct Refused<'a> {
+    delivery: &'a Delivery,
+    copy: &'a PlannedCopy,
+    error: &'a PublishError,
+}
+
+impl Refused<'_> {
+    /// What becomes of the original, by what the transport can do (G3); `None` when the
+    /// copy is to be tried again (the original held meanwhile).
+    async fn give_back<S>(
+        &self,
+        shared: &Shared<S>,
+        planned: Settle,
+        held: &mut u32,
+    ) -> Option<Settle> {
+        let (registration, delivery, error) = (&*shared.registration, self.delivery, self.error);
+        let address = delivery.address();
+        let attempt = delivery.attempt().number();
+        let what = match self.copy.target {
             CopyTarget::DeadLetter => "dead letter",
             CopyTarget::Retry { .. } => "retry copy",
         };
-        match give_back(capabilities) {
+        match give_back(&shared.capabilities) {
             GiveBack::RedeliverAfter(limit) => {
                 let mut wait = REFUSAL_BACKOFF.delay(shared.refusals.refused(delivery));
                 if let Some(limit) = limit {
                     wait = wait.min(limit.saturating_sub(Duration::from_millis(100)));
                 }
                 tracing::error!(
-                    registration, address = delivery.address(), attempt, %error, comes_back_in = ?wait,
+                    registration, address, attempt, %error, comes_back_in = ?wait,
                     "the broker refused the {what}; the original comes back later"
                 );
-                return Settle::RedeliverAfter(wait);
+                Some(Settle::RedeliverAfter(wait))
             }
             GiveBack::Hold => {
-                held += 1;
-                let wait = REFUSAL_BACKOFF.delay(held);
+                *held += 1;
+                let wait = REFUSAL_BACKOFF.delay(*held);
                 tracing::error!(
-                    registration, address = delivery.address(), attempt, %error, tries = held, next_try_in = ?wait,
+                    registration, address, attempt, %error, tries = *held, next_try_in = ?wait,
                     "the broker refused the {what}; the original is held unsettled and the {what} tried again later"
                 );
-                if !wait_unless_stopped(&shared.stop, wait).await {
-                    // Stopping: unsettled, the broker brings it back after the restart.
-                    return Settle::Nothing;
-                }
+                // Stopping: unsettled, the broker brings it back after the restart.
+                (!wait_unless_stopped(&shared.stop, wait).await).then_some(Settle::Nothing)
             }
             GiveBack::Rewind => {
                 let wait = REFUSAL_BACKOFF.delay(shared.refusals.refused(delivery));
                 tracing::error!(
-                    registration, address = delivery.address(), attempt, %error, read_again_in = ?wait,
+                    registration, address, attempt, %error, read_again_in = ?wait,
                     "the broker refused the {what}; the original will be read again"
                 );
                 // A stop cuts the wait: the position still moves back before the close.
                 wait_unless_stopped(&shared.stop, wait).await;
-                return Settle::Redeliver;
+                Some(Settle::Redeliver)
             }
             GiveBack::Lost => {
                 tracing::error!(
                     registration,
-                    address = delivery.address(),
+                    address,
                     attempt,
-                    destination = error.address,
-                    reason = %error.kind,
+                    destination = error.address(),
+                    reason = %error.kind(),
                     %error,
                     "the broker refused the {what} and nothing can bring the original back: the message is lost"
                 );
-                return if capabilities.redeliver == Verb::Native {
+                Some(if shared.capabilities.redeliver == Verb::Native {
                     Settle::Redeliver
                 } else {
                     planned
-                };
+                })
             }
         }
     }
@@ -220,7 +250,7 @@ async fn publish_with_tries(
     loop {
         match publisher.publish(message.clone()).await {
             Ok(()) => return Ok(()),
-            Err(e) if !e.kind.is_transient() || tried >= TRIES => return Err(e),
+            Err(e) if !e.kind().is_transient() || tried >= TRIES => return Err(e),
             Err(e) => {
                 if let Some(metrics) = metrics {
                     metrics.copy_failed(CopyFailure::Transient);

@@ -5,25 +5,23 @@
 use std::collections::hash_map::DefaultHasher;
 use std::future::{Future, poll_fn};
 use std::hash::{Hash, Hasher};
+use std::pin::Pin;
 use std::pin::pin;
 use std::sync::Arc;
-use std::task::Poll;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use ruststream_core::{Capabilities, Copy, Declaration, Delivery, Publish, Settle, Subscription};
+use ruststream_core::{Delivery, Settle, SubscribeError, Subscription};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep_until};
 
 use super::lanes::{Finished, Lanes as LaneSet};
-use super::refusals::Refusals;
-use super::{InFlight, Observe, copy, lane};
-use crate::backoff::Backoff;
-use crate::extract::Context;
+use super::shared::{Done, Job, Shared};
+use super::{copy, lane};
 use crate::middleware::Service;
-use crate::ops::{Instruments, SettleError, SubscriptionHealth};
-use crate::registration::{FailurePolicy, LaneKey};
-use std::sync::atomic::Ordering;
+use crate::ops::SettleError;
+use crate::registration::LaneKey;
 
 /// After a subscription error, wait this long before fetching again.
 const ERROR_PAUSE: Duration = Duration::from_millis(200);
@@ -38,44 +36,6 @@ struct FetchErrors {
     quiet: u64,
 }
 
-/// What the driver and its lanes share.
-pub(crate) struct Shared<S> {
-    pub(crate) service: S,
-    pub(crate) context: Arc<Context>,
-    pub(crate) registration: Arc<str>,
-    pub(crate) declaration: Declaration,
-    pub(crate) capabilities: Capabilities,
-    pub(crate) copies: Arc<dyn Publish>,
-    pub(crate) failure_policy: FailurePolicy,
-    /// The handler deadline (SPEC G1).
-    pub(crate) deadline: Duration,
-    /// Turns `retry()` into a delayed redelivery (SPEC G2).
-    pub(crate) backoff: Option<Backoff>,
-    /// Deliveries whose copy the broker refused, and how often in a row (SPEC G3).
-    pub(crate) refusals: Refusals,
-    /// The app's stop signal: waits on a refused copy end at once when it comes.
-    pub(crate) stop: watch::Receiver<bool>,
-    pub(crate) observer: Option<Arc<dyn Observe>>,
-    /// This subscription's deliveries fetched and not settled.
-    pub(crate) in_flight: Arc<InFlight>,
-    /// Fetching pauses while this many are in flight (SPEC G5).
-    pub(crate) max_in_flight: usize,
-    /// This registration's metric handles, when the app collects metrics.
-    pub(crate) metrics: Option<Instruments>,
-    /// This subscription's part of the app's readiness.
-    pub(crate) health: Arc<SubscriptionHealth>,
-}
-
-impl<S> Shared<S> {
-    fn begin(&self) {
-        self.in_flight.count.fetch_add(1, Ordering::Relaxed);
-    }
-
-    fn end(&self) {
-        self.in_flight.count.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
 /// How long a stop may take: the drain, then closing the subscription (SPEC G6).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Deadlines {
@@ -88,32 +48,57 @@ pub(crate) struct Lanes {
     pub(crate) key: LaneKey,
 }
 
-/// A delivery handed to a lane (boxed once, then moved as a pointer: see `Board`).
-pub(crate) struct Job<R> {
-    pub(crate) delivery: Box<Delivery>,
-    pub(crate) receipt: R,
-}
-
-/// What a lane or a timer hands back to the driver.
-pub(crate) enum Done<R> {
-    /// Settle the original (maybe with `Settle::Nothing`).
-    Settle { receipt: R, settle: Settle },
-    /// Publish `copy` after its delay, then settle the original.
-    Delayed {
-        receipt: R,
-        // Boxed: delayed copies are rare, and the common variant stays small.
-        delivery: Box<Delivery>,
-        copy: Copy,
-        settle: Settle,
-    },
-    /// Left unsettled on purpose: the broker brings it back (a held original at stop).
-    HandedBack,
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Timers {
     Waiting,
     Stopping,
+}
+
+impl FetchErrors {
+    /// A fetch failed: readiness and metrics say so. While a broker is down this repeats
+    /// every pause: one ERROR, then at most one a minute with how many were left out.
+    fn failed<S>(&mut self, shared: &Shared<S>, error: &SubscribeError) {
+        shared.health.fetch_failed(true);
+        if let Some(metrics) = &shared.metrics {
+            metrics.fetch_errors.inc();
+        }
+        let now = Instant::now();
+        match self.last {
+            Some(at) if now.duration_since(at) < ERROR_LOG_EVERY => {
+                self.quiet += 1;
+                tracing::debug!(registration = &*shared.registration, %error, "fetching failed; trying again");
+            }
+            _ => {
+                tracing::error!(registration = &*shared.registration, %error, since_last_logged = self.quiet, "fetching failed; trying again");
+                *self = Self {
+                    last: Some(now),
+                    quiet: 0,
+                };
+            }
+        }
+    }
+
+    /// A fetch succeeded: after failures, the next failure is news again.
+    fn recovered<S>(&mut self, shared: &Shared<S>) {
+        if self.last.is_some() {
+            *self = Self::default();
+            shared.health.fetch_failed(false);
+        }
+    }
+}
+
+/// Fetching paused at `max_in_flight` (G5), or resumed.
+fn note_bound<S>(shared: &Shared<S>, at_bound: bool) {
+    tracing::debug!(
+        registration = &*shared.registration,
+        max_in_flight = shared.max_in_flight,
+        "{}",
+        if at_bound {
+            "max_in_flight reached; fetching paused"
+        } else {
+            "fetching resumed"
+        }
+    );
 }
 
 /// What one pass of the driver's loop found to do, in the order it looks.
@@ -126,7 +111,7 @@ enum Event<R> {
     /// The subscription's idle upkeep at the bound returned.
     Idle,
     Fetched(Job<R>),
-    FetchFailed(ruststream_core::SubscribeError),
+    FetchFailed(SubscribeError),
     Ended,
 }
 
@@ -134,7 +119,7 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
     mut subscription: Sub,
     shared: Arc<Shared<S>>,
     lanes: Lanes,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
     deadlines: Deadlines,
 ) {
     // Lanes are futures polled by this task, not tasks of their own: handing a delivery
@@ -148,24 +133,11 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
     let mut set = LaneSet::new(lanes.count, running, move |job| {
         lane::handle(shared_ref, job)
     });
-    let mut timers: JoinSet<Done<Sub::Receipt>> = JoinSet::new();
-    let (timers_tx, timers_rx) = watch::channel(Timers::Waiting);
+    let mut timers = Timed::new();
     let mut pending: Option<(usize, Job<Sub::Receipt>)> = None;
     let mut round_robin = 0usize;
 
-    // One waiter for the whole loop (it also sees a stop asked before the start, and a
-    // dropped app, whose sender is gone). It is polled when the probe says the signal
-    // changed (first pass included), and before the loop waits; the probe is one atomic
-    // load per pass.
-    let mut probe = stop.clone();
-    probe.mark_changed();
-    let mut stopped = pin!(async move {
-        while !*stop.borrow_and_update() {
-            if stop.changed().await.is_err() {
-                break;
-            }
-        }
-    });
+    let mut stop = StopSignal::new(stop);
     let mut at_bound = false;
     let mut fetch_errors = FetchErrors::default();
     loop {
@@ -175,16 +147,7 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
         let room = shared.in_flight.count() + subscription.holding() < shared.max_in_flight;
         if room == at_bound {
             at_bound = !room;
-            tracing::debug!(
-                registration = &*shared.registration,
-                max_in_flight = shared.max_in_flight,
-                "{}",
-                if at_bound {
-                    "max_in_flight reached; fetching paused"
-                } else {
-                    "fetching resumed"
-                }
-            );
+            note_bound(&shared, at_bound);
         }
         // The common case is a straight line: a lane done, settled; a delivery fetched,
         // started on its lane; no select, no queue shared with anyone.
@@ -203,42 +166,7 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
                     None
                 }
             });
-            poll_fn(|cx| {
-                if let Poll::Ready(done) = set.poll_finished(cx) {
-                    return Poll::Ready(Event::Finished(done));
-                }
-                if !timers.is_empty()
-                    && let Poll::Ready(Some(joined)) = timers.poll_join_next(cx)
-                {
-                    // A timer that panicked or was aborted leaves nothing to settle.
-                    if let Ok(done) = joined {
-                        return Poll::Ready(Event::Timer(done));
-                    }
-                }
-                if probe.has_changed().unwrap_or(true) {
-                    // Marked seen before the poll: a stop asked after it shows on the next pass.
-                    probe.mark_unchanged();
-                    if stopped.as_mut().poll(cx).is_ready() {
-                        return Poll::Ready(Event::Stop);
-                    }
-                }
-                if let Poll::Ready(fetched) = fetch.as_mut().poll(cx) {
-                    return Poll::Ready(match fetched {
-                        Some(Some(Ok((delivery, receipt)))) => {
-                            Event::Fetched(set.job(delivery, receipt))
-                        }
-                        Some(Some(Err(error))) => Event::FetchFailed(error),
-                        Some(None) => Event::Ended,
-                        None => Event::Idle,
-                    });
-                }
-                // Nothing to do: wait, and make sure a stop wakes this task.
-                if stopped.as_mut().poll(cx).is_ready() {
-                    return Poll::Ready(Event::Stop);
-                }
-                Poll::Pending
-            })
-            .await
+            poll_fn(|cx| poll_event(cx, &mut set, &mut timers.set, &mut stop, fetch.as_mut())).await
         };
         match event {
             Event::Finished(done) => {
@@ -248,19 +176,15 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
                 {
                     set.push(lane, job);
                 }
-                apply(&mut subscription, &shared, done, &mut timers, &timers_rx).await;
+                apply(&mut subscription, &shared, done, &mut timers).await;
             }
             Event::Timer(done) => {
-                apply(&mut subscription, &shared, done, &mut timers, &timers_rx).await;
+                apply(&mut subscription, &shared, done, &mut timers).await;
             }
             Event::Stop => break,
             Event::Idle => {}
             Event::Fetched(job) => {
-                if fetch_errors.last.is_some() {
-                    // Fetching works again: the next failure is news.
-                    fetch_errors = FetchErrors::default();
-                    shared.health.fetch_failed(false);
-                }
+                fetch_errors.recovered(&shared);
                 if let Some(metrics) = &shared.metrics {
                     metrics.deliveries.inc();
                 }
@@ -272,26 +196,7 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
                 }
             }
             Event::FetchFailed(error) => {
-                // While a broker is down this repeats every pause: one ERROR, then at
-                // most one a minute with how many were left out.
-                shared.health.fetch_failed(true);
-                if let Some(metrics) = &shared.metrics {
-                    metrics.fetch_errors.inc();
-                }
-                let now = Instant::now();
-                match fetch_errors.last {
-                    Some(at) if now.duration_since(at) < ERROR_LOG_EVERY => {
-                        fetch_errors.quiet += 1;
-                        tracing::debug!(registration = &*shared.registration, %error, "fetching failed; trying again");
-                    }
-                    _ => {
-                        tracing::error!(registration = &*shared.registration, %error, since_last_logged = fetch_errors.quiet, "fetching failed; trying again");
-                        fetch_errors = FetchErrors {
-                            last: Some(now),
-                            quiet: 0,
-                        };
-                    }
-                }
+                fetch_errors.failed(&shared, &error);
                 tokio::time::sleep(ERROR_PAUSE).await;
             }
             Event::Ended => {
@@ -305,24 +210,27 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
     }
 
     shared.health.ended();
-    // Stop: fetch nothing more; let the lanes finish what they hold, within the drain
-    // deadline, then close within the close deadline, whatever the broker does (G6).
+    close_within(subscription, &shared, set, pending, timers, deadlines).await;
+}
+
+/// Stop: fetch nothing more; let the lanes finish what they hold, within the drain
+/// deadline, then close within the close deadline, whatever the broker does (G6).
+async fn close_within<Sub, S, F, St>(
+    subscription: Sub,
+    shared: &Arc<Shared<S>>,
+    set: LaneSet<Sub::Receipt, F, St>,
+    pending: Option<(usize, Job<Sub::Receipt>)>,
+    timers: Timed<Sub::Receipt>,
+    deadlines: Deadlines,
+) where
+    Sub: Subscription,
+    S: Service,
+    F: Future<Output = Finished<Sub::Receipt>>,
+    St: Fn(Job<Sub::Receipt>) -> F,
+{
     let hard = Instant::now() + deadlines.drain + deadlines.close;
-    let stopped = tokio::time::timeout_at(
-        hard,
-        drain_and_close(
-            subscription,
-            &shared,
-            set,
-            pending,
-            timers,
-            timers_tx,
-            timers_rx,
-            deadlines,
-        ),
-    )
-    .await;
-    if stopped.is_err() {
+    let drained = drain_and_close(subscription, shared, set, pending, timers, deadlines);
+    if tokio::time::timeout_at(hard, drained).await.is_err() {
         tracing::warn!(
             registration = &*shared.registration,
             deadline = ?deadlines.drain + deadlines.close,
@@ -332,15 +240,115 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// The delayed copies' timer tasks, and the mode they wait in.
+struct Timed<R> {
+    set: JoinSet<Done<R>>,
+    tx: watch::Sender<Timers>,
+    rx: watch::Receiver<Timers>,
+}
+
+impl<R: Send + 'static> Timed<R> {
+    fn new() -> Self {
+        let (tx, rx) = watch::channel(Timers::Waiting);
+        Self {
+            set: JoinSet::new(),
+            tx,
+            rx,
+        }
+    }
+}
+
+/// The app's stop signal as the loop sees it: one waiter for the whole loop (it also
+/// sees a stop asked before the start, and a dropped app, whose sender is gone), polled
+/// when the probe says the signal changed (first pass included) and before the loop
+/// waits; the probe is one atomic load per pass.
+struct StopSignal {
+    probe: watch::Receiver<bool>,
+    waiter: Pin<Box<dyn Future<Output = ()> + Send>>,
+}
+
+impl StopSignal {
+    fn new(mut stop: watch::Receiver<bool>) -> Self {
+        let mut probe = stop.clone();
+        probe.mark_changed();
+        let waiter = Box::pin(async move {
+            while !*stop.borrow_and_update() {
+                if stop.changed().await.is_err() {
+                    break;
+                }
+            }
+        });
+        Self { probe, waiter }
+    }
+
+    /// Whether a stop came, looking only when the probe says the signal changed.
+    fn changed_to_stop(&mut self, cx: &mut Context<'_>) -> bool {
+        if !self.probe.has_changed().unwrap_or(true) {
+            return false;
+        }
+        // Marked seen before the poll: a stop asked after it shows on the next pass.
+        self.probe.mark_unchanged();
+        self.waiter.as_mut().poll(cx).is_ready()
+    }
+
+    /// Whether a stop came; otherwise this task is woken when one does.
+    fn poll_stopped(&mut self, cx: &mut Context<'_>) -> bool {
+        self.waiter.as_mut().poll(cx).is_ready()
+    }
+}
+
+/// One pass of the loop: finished lanes, then timers, the stop signal and the fetch.
+/// Inlined: the fetched delivery is then boxed where the fetch returns it, not moved
+/// through this function's result first.
+#[inline(always)]
+fn poll_event<R, F, St, Fetch>(
+    cx: &mut Context<'_>,
+    set: &mut LaneSet<R, F, St>,
+    timers: &mut JoinSet<Done<R>>,
+    stop: &mut StopSignal,
+    fetch: Pin<&mut Fetch>,
+) -> Poll<Event<R>>
+where
+    R: Send + 'static,
+    F: Future<Output = Finished<R>>,
+    St: Fn(Job<R>) -> F,
+    Fetch: Future<Output = Option<Option<Result<(Delivery, R), SubscribeError>>>>,
+{
+    if let Poll::Ready(done) = set.poll_finished(cx) {
+        return Poll::Ready(Event::Finished(done));
+    }
+    if !timers.is_empty()
+        && let Poll::Ready(Some(joined)) = timers.poll_join_next(cx)
+    {
+        // A timer that panicked or was aborted leaves nothing to settle.
+        if let Ok(done) = joined {
+            return Poll::Ready(Event::Timer(done));
+        }
+    }
+    if stop.changed_to_stop(cx) {
+        return Poll::Ready(Event::Stop);
+    }
+    if let Poll::Ready(fetched) = fetch.poll(cx) {
+        return Poll::Ready(match fetched {
+            Some(Some(Ok((delivery, receipt)))) => Event::Fetched(set.job(delivery, receipt)),
+            Some(Some(Err(error))) => Event::FetchFailed(error),
+            Some(None) => Event::Ended,
+            None => Event::Idle,
+        });
+    }
+    // Nothing to do: wait, and make sure a stop wakes this task.
+    if stop.poll_stopped(cx) {
+        return Poll::Ready(Event::Stop);
+    }
+    Poll::Pending
+}
+
 async fn drain_and_close<Sub, S, F, St>(
     mut subscription: Sub,
     shared: &Arc<Shared<S>>,
     mut set: LaneSet<Sub::Receipt, F, St>,
     pending: Option<(usize, Job<Sub::Receipt>)>,
-    mut timers: JoinSet<Done<Sub::Receipt>>,
-    timers_tx: watch::Sender<Timers>,
-    timers_rx: watch::Receiver<Timers>,
+    mut timers: Timed<Sub::Receipt>,
     deadlines: Deadlines,
 ) where
     Sub: Subscription,
@@ -353,14 +361,14 @@ async fn drain_and_close<Sub, S, F, St>(
         // Fetched but not started: it runs too rather than being dropped.
         set.push(lane, job);
     }
-    let _ = timers_tx.send(Timers::Stopping);
-    while !set.is_idle() || !timers.is_empty() {
+    let _ = timers.tx.send(Timers::Stopping);
+    while !set.is_idle() || !timers.set.is_empty() {
         let done = poll_fn(|cx| {
             if let Poll::Ready(done) = set.poll_finished(cx) {
                 return Poll::Ready(Some(done));
             }
-            if !timers.is_empty()
-                && let Poll::Ready(Some(Ok(done))) = timers.poll_join_next(cx)
+            if !timers.set.is_empty()
+                && let Poll::Ready(Some(Ok(done))) = timers.set.poll_join_next(cx)
             {
                 return Poll::Ready(Some(done));
             }
@@ -371,15 +379,15 @@ async fn drain_and_close<Sub, S, F, St>(
         })
         .await;
         match done {
-            Some(done) => apply(&mut subscription, shared, done, &mut timers, &timers_rx).await,
+            Some(done) => apply(&mut subscription, shared, done, &mut timers).await,
             None => {
                 tracing::warn!(
                     registration = &*shared.registration,
                     handlers_running = !set.is_idle(),
-                    timers_waiting = timers.len(),
+                    timers_waiting = timers.set.len(),
                     "drain timeout passed; unfinished deliveries stay unsettled"
                 );
-                timers.abort_all();
+                timers.set.abort_all();
                 break;
             }
         }
@@ -427,8 +435,7 @@ async fn apply<Sub: Subscription, S: Service>(
     subscription: &mut Sub,
     shared: &Arc<Shared<S>>,
     done: Done<Sub::Receipt>,
-    timers: &mut JoinSet<Done<Sub::Receipt>>,
-    timers_rx: &watch::Receiver<Timers>,
+    timers: &mut Timed<Sub::Receipt>,
 ) {
     match done {
         Done::Settle { receipt, settle } => {
@@ -454,12 +461,12 @@ async fn apply<Sub: Subscription, S: Service>(
         } => {
             subscription.parked(&receipt);
             let shared = Arc::clone(shared);
-            let mut mode = timers_rx.clone();
+            let mut mode = timers.rx.clone();
             let delayed = shared.metrics.as_ref().map(|m| m.delayed.clone());
             if let Some(delayed) = &delayed {
                 delayed.inc();
             }
-            timers.spawn(async move {
+            timers.set.spawn(async move {
                 // Counted out however the task ends (aborted at the drain deadline too).
                 let _counted = delayed.map(DelayedGuard);
                 let due = Instant::now() + copy.delay;

@@ -6,13 +6,14 @@ use std::pin::pin;
 use std::sync::Arc;
 use std::task::Poll;
 
-use super::driver::{Done, Job, Shared};
+use super::copy;
 use super::lanes::Finished;
+use super::mount::Handled;
+use super::shared::{Done, Job, Shared};
 use super::unwind::{CatchUnwind, Caught, in_handler};
-use super::{Handled, copy};
 use crate::backoff::RERUN_FLOOR;
 use crate::extract::Incoming;
-use crate::handler::Completion;
+use crate::middleware::Completion;
 use crate::middleware::Service;
 use crate::ops::{Instruments, Outcome, SettleError};
 use crate::registration::FailurePolicy;
@@ -108,6 +109,28 @@ fn decide<S>(
     completion: &Completion,
     report: Option<Box<super::unwind::Report>>,
 ) -> Plan {
+    let verdict = match completion {
+        // The common case: the handler's own outcome, nothing to report.
+        Completion::Outcome(outcome) => Verdict::Outcome(*outcome),
+        _ => failure_verdict(shared, delivery, completion, report),
+    };
+    let verdict = with_backoff(shared, delivery, verdict);
+    let attempt = delivery.attempt().number();
+    let plan = plan(verdict, attempt, &shared.declaration, &shared.capabilities);
+    if let Some(error) = &plan.error {
+        report_unsupported(shared, delivery, completion, &plan, error);
+    }
+    plan
+}
+
+/// What a failed call (an error, a panic, the deadline, a refused extraction) amounts
+/// to, reported as loudly as the spec asks.
+fn failure_verdict<S>(
+    shared: &Shared<S>,
+    delivery: &Delivery,
+    completion: &Completion,
+    report: Option<Box<super::unwind::Report>>,
+) -> Verdict {
     let registration = &*shared.registration;
     let address = delivery.address();
     let attempt = delivery.attempt().number();
@@ -115,7 +138,7 @@ fn decide<S>(
     // in between, so a loop never floods the log (G2); a capped one on every attempt.
     let loud =
         shared.declaration.max_attempts.is_some() || attempt == 1 || is_power_of_ten(attempt);
-    let verdict = match completion {
+    match completion {
         Completion::Outcome(outcome) => Verdict::Outcome(*outcome),
         Completion::Failed(error) => {
             if loud {
@@ -182,14 +205,20 @@ fn decide<S>(
             tracing::error!(registration, address, attempt, error = %rejection, "undecodable delivery {fate}");
             verdict
         }
-    };
-    let verdict = match verdict {
+    }
+}
+
+/// A `retry()` under the registration's backoff becomes a delayed redelivery (G2); an
+/// uncapped retry loop is reported now and then.
+fn with_backoff<S>(shared: &Shared<S>, delivery: &Delivery, verdict: Verdict) -> Verdict {
+    let attempt = delivery.attempt().number();
+    match verdict {
         Verdict::Outcome(outcome) if matches!(outcome.kind(), OutcomeKind::Retry { .. }) => {
             if shared.declaration.max_attempts.is_none() && is_power_of_ten(attempt) {
                 // Nothing caps it: say so now and then, never silently (G2).
                 tracing::warn!(
-                    registration,
-                    address,
+                    registration = &*shared.registration,
+                    address = delivery.address(),
                     attempt,
                     "this delivery keeps failing and no max_attempts caps it"
                 );
@@ -202,28 +231,38 @@ fn decide<S>(
             }
         }
         other => other,
-    };
-    let plan = plan(verdict, attempt, &shared.declaration, &shared.capabilities);
-    if let Some(error) = &plan.error {
-        if let Some(metrics) = &shared.metrics {
-            metrics.settle_failed(match error {
-                AckError::Unsupported { .. } => SettleError::Unsupported,
-                _ => SettleError::Failed,
-            });
-        }
-        // Core NATS acks and drops are Unsupported by nature, and so is settling the
-        // original of a copy that went out: both as the spec designs them, said quietly.
-        // Anything else (a retry nothing can honour, a refused delay) deserves a warning.
-        let expected = matches!(plan.settle, Settle::Nothing)
-            && (plan.copy.is_some()
-                || matches!(completion, Completion::Outcome(o) if o == &HandlerOutcome::ack() || o == &HandlerOutcome::drop()));
-        if expected {
-            tracing::debug!(registration, address, attempt, %error, "settlement not supported");
-        } else {
-            tracing::warn!(registration, address, attempt, %error, "settlement not supported");
-        }
     }
-    plan
+}
+
+/// A settlement the broker has no operation for: counted, and logged quietly where the
+/// spec designs it so (Core NATS acks and drops, the original of a copy that went out).
+fn report_unsupported<S>(
+    shared: &Shared<S>,
+    delivery: &Delivery,
+    completion: &Completion,
+    plan: &Plan,
+    error: &AckError,
+) {
+    let registration = &*shared.registration;
+    let address = delivery.address();
+    let attempt = delivery.attempt().number();
+    if let Some(metrics) = &shared.metrics {
+        metrics.settle_failed(match error {
+            AckError::Unsupported { .. } => SettleError::Unsupported,
+            _ => SettleError::Failed,
+        });
+    }
+    // Core NATS acks and drops are Unsupported by nature, and so is settling the original
+    // of a copy that went out: both as the spec designs them, said quietly. Anything else
+    // (a retry nothing can honour, a refused delay) deserves a warning.
+    let expected = matches!(plan.settle, Settle::Nothing)
+        && (plan.copy.is_some()
+            || matches!(completion, Completion::Outcome(o) if o == &HandlerOutcome::ack() || o == &HandlerOutcome::drop()));
+    if expected {
+        tracing::debug!(registration, address, attempt, %error, "settlement not supported");
+    } else {
+        tracing::warn!(registration, address, attempt, %error, "settlement not supported");
+    }
 }
 
 fn is_power_of_ten(attempt: u32) -> bool {

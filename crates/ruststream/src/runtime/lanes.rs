@@ -15,8 +15,8 @@ use std::task::{Context, Poll};
 
 use ruststream_core::Delivery;
 
-use super::InFlight;
-use super::driver::{Done, Job};
+use super::shared::{Done, Job};
+use crate::in_flight::InFlight;
 
 /// Deliveries a lane holds beyond the one it runs: small, so a slow handler holds back
 /// fetching instead of growing memory.

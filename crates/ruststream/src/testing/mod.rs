@@ -35,10 +35,10 @@ use bytes::Bytes;
 use ruststream_core::{Headers, Outgoing, Plan};
 
 use crate::app::{App, Running, StartError};
-use crate::handler::Completion;
 use crate::memory::MemoryBroker;
+use crate::middleware::Completion;
 use crate::publisher::Publisher;
-use crate::runtime::{Handled, Observe};
+use crate::runtime::mount::{Handled, Observe};
 
 /// How long [`TestApp::settled`] waits, in (virtual) time, before it gives up.
 pub const SETTLE_LIMIT: Duration = Duration::from_secs(3600);

@@ -2,9 +2,9 @@
 
 use tracing::Instrument;
 
-use super::{Layer, Service};
+use super::completion::Completion;
+use super::service::{Layer, Service};
 use crate::extract::Incoming;
-use crate::handler::Completion;
 
 /// Opens an `info` span `delivery` per delivery with the fields `registration`,
 /// `address`, `attempt` and, once the handler returns, `outcome`.

@@ -1,0 +1,55 @@
+//! A registration with its types erased, as the app holds it, and what starting one
+//! shares with the app.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ruststream_core::{BoxFuture, Delivery, Plan, SubscribeError};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::in_flight::InFlight;
+use crate::middleware::Completion;
+use crate::ops::{Health, Metrics};
+use crate::state::StateMap;
+
+/// A started registration: its driver task and what it holds.
+pub(crate) struct Started {
+    pub(crate) driver: JoinHandle<()>,
+    pub(crate) in_flight: Arc<InFlight>,
+}
+
+/// What every started registration shares with the app.
+#[derive(Clone)]
+pub(crate) struct Env {
+    pub(crate) state: Arc<StateMap>,
+    pub(crate) stop: watch::Receiver<bool>,
+    pub(crate) drain_timeout: Duration,
+    pub(crate) close_timeout: Duration,
+    pub(crate) handler_timeout: Duration,
+    pub(crate) observer: Option<Arc<dyn Observe>>,
+    pub(crate) metrics: Option<Arc<Metrics>>,
+    pub(crate) health: Arc<Health>,
+}
+
+/// A registration with its types erased, as the app holds it.
+pub(crate) trait Mount: Send {
+    fn name(&self) -> &str;
+    fn address(&self) -> &str;
+    fn violations(&self, state: &StateMap) -> Vec<String>;
+    /// Opens the subscription and spawns its driver.
+    fn start(self: Box<Self>, env: Env) -> BoxFuture<'static, Result<Started, SubscribeError>>;
+}
+
+/// One handled delivery, as an observer sees it.
+pub(crate) struct Handled<'a> {
+    pub(crate) registration: &'a str,
+    pub(crate) delivery: &'a Delivery,
+    pub(crate) completion: &'a Completion,
+    pub(crate) plan: &'a Plan,
+}
+
+/// Sees every handled delivery (the test harness records them).
+pub(crate) trait Observe: Send + Sync + 'static {
+    fn handled(&self, event: &Handled<'_>);
+}

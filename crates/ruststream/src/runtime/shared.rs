@@ -1,0 +1,76 @@
+//! What the driver, its lanes and its timers hand each other.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use ruststream_core::{Capabilities, Declaration, Delivery, PlannedCopy, Publish, Settle};
+use tokio::sync::watch;
+
+use super::mount::Observe;
+use super::refusals::Refusals;
+use crate::backoff::Backoff;
+use crate::extract::Context;
+use crate::in_flight::InFlight;
+use crate::ops::{Instruments, SubscriptionHealth};
+use crate::registration::FailurePolicy;
+
+/// What the driver and its lanes share.
+pub(crate) struct Shared<S> {
+    pub(crate) service: S,
+    pub(crate) context: Arc<Context>,
+    pub(crate) registration: Arc<str>,
+    pub(crate) declaration: Declaration,
+    pub(crate) capabilities: Capabilities,
+    pub(crate) copies: Arc<dyn Publish>,
+    pub(crate) failure_policy: FailurePolicy,
+    /// The handler deadline (SPEC G1).
+    pub(crate) deadline: Duration,
+    /// Turns `retry()` into a delayed redelivery (SPEC G2).
+    pub(crate) backoff: Option<Backoff>,
+    /// Deliveries whose copy the broker refused, and how often in a row (SPEC G3).
+    pub(crate) refusals: Refusals,
+    /// The app's stop signal: waits on a refused copy end at once when it comes.
+    pub(crate) stop: watch::Receiver<bool>,
+    pub(crate) observer: Option<Arc<dyn Observe>>,
+    /// This subscription's deliveries fetched and not settled.
+    pub(crate) in_flight: Arc<InFlight>,
+    /// Fetching pauses while this many are in flight (SPEC G5).
+    pub(crate) max_in_flight: usize,
+    /// This registration's metric handles, when the app collects metrics.
+    pub(crate) metrics: Option<Instruments>,
+    /// This subscription's part of the app's readiness.
+    pub(crate) health: Arc<SubscriptionHealth>,
+}
+
+impl<S> Shared<S> {
+    pub(crate) fn begin(&self) {
+        self.in_flight.count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn end(&self) {
+        self.in_flight.count.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A delivery handed to a lane (boxed once, then moved as a pointer: see `Board`).
+pub(crate) struct Job<R> {
+    pub(crate) delivery: Box<Delivery>,
+    pub(crate) receipt: R,
+}
+
+/// What a lane or a timer hands back to the driver.
+pub(crate) enum Done<R> {
+    /// Settle the original (maybe with `Settle::Nothing`).
+    Settle { receipt: R, settle: Settle },
+    /// Publish `copy` after its delay, then settle the original.
+    Delayed {
+        receipt: R,
+        // Boxed: delayed copies are rare, and the common variant stays small.
+        delivery: Box<Delivery>,
+        copy: PlannedCopy,
+        settle: Settle,
+    },
+    /// Left unsettled on purpose: the broker brings it back (a held original at stop).
+    HandedBack,
+}
