@@ -40,6 +40,7 @@ mod names;
 mod outcome;
 mod plan;
 mod publish;
+mod secret;
 mod start;
 mod wait;
 
@@ -53,5 +54,6 @@ pub use names::AddressNames;
 pub use outcome::{HandlerOutcome, OutcomeKind};
 pub use plan::{CopyTarget, Plan, PlannedCopy, Settle, Verdict, may_copy, plan};
 pub use publish::{BoxFuture, Extras, Outgoing, Publish};
+pub use secret::{Secret, redact_url};
 pub use start::StartAt;
 pub use wait::{ATTEMPT_EVERY, wait_for_broker};

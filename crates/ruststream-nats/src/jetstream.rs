@@ -11,7 +11,7 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use ruststream_core::hash::SpreadMap;
 use ruststream_core::{
-    AckError, Attempt, Backlog, BacklogProbe, Capabilities, DeadLetters, Declaration,
+    AckError, Attempt, Backlog, BacklogProbe, Capabilities, Cause, DeadLetters, Declaration,
     DelayedRedelivery, Delivery, Descriptor, LinkProbe, Metadata, Publish, Settle, StartAt,
     SubscribeError, Subscription, Verb,
 };
@@ -192,74 +192,33 @@ impl Descriptor for JetStreamConsumer {
         let address = self.address().to_owned();
         let jetstream = async_nats::jetstream::new(self.client.clone());
         if let Some(dead) = declaration.dead_letter.as_deref() {
-            // A dead-letter subject no stream captures is published on Core NATS, where
-            // nothing keeps a letter nobody is listening for at that moment.
-            if let Err(e) = jetstream.stream_by_subject(dead).await
-                && matches!(
-                    e.kind(),
-                    async_nats::jetstream::context::GetStreamByNameErrorKind::NotFound
-                )
-            {
-                tracing::warn!(
-                    address = &*address,
-                    dead_letter = dead,
-                    "no JetStream stream captures the dead-letter subject: dead letters will go out on Core NATS and are kept only if a subscriber listens"
-                );
-            }
+            warn_if_no_stream_keeps(&jetstream, dead, &address).await;
         }
+        let failed = |what: String, e: Box<dyn std::error::Error + Send + Sync>| {
+            SubscribeError::new(&address, Cause::context(what, e))
+        };
         let mut stream = jetstream.get_stream(&self.stream).await.map_err(|e| {
-            SubscribeError::new(
-                &address,
-                format!("JetStream stream `{}` cannot be read: {e}", self.stream),
+            failed(
+                format!("JetStream stream `{}` cannot be read", self.stream),
+                e.into(),
             )
         })?;
         if let (None, Some(dead)) = (&self.filter_subject, declaration.dead_letter.as_deref()) {
-            // Unfiltered, the consumer reads whatever the stream captures (SPEC G4).
-            let info = stream.info().await.map_err(|e| {
-                SubscribeError::new(&address, format!("stream `{}` info: {e}", self.stream))
-            })?;
-            if let Some(captures) = info
-                .config
-                .subjects
-                .iter()
-                .find(|s| subject::matches(s, dead))
-            {
-                return Err(SubscribeError::new(
-                    &address,
-                    format!(
-                        "the dead-letter subject `{dead}` is captured by this consumer's own stream `{}` (subject `{captures}`), so every dead letter would be handled again without end",
-                        self.stream
-                    ),
-                ));
-            }
+            self.refuse_own_capture(&mut stream, dead, &address).await?;
         }
-        let config = pull::Config {
-            durable_name: Some(self.consumer.clone()),
-            filter_subject: self.filter_subject.clone().unwrap_or_default(),
-            ack_policy: AckPolicy::Explicit,
-            ack_wait: self.ack_wait,
-            deliver_policy: self.deliver_policy,
-            max_ack_pending: self.max_ack_pending.unwrap_or_default(),
-            ..Default::default()
-        };
-        let consumer: async_nats::jetstream::consumer::PullConsumer =
-            stream.create_consumer(config).await.map_err(|e| {
-                SubscribeError::new(
-                    &address,
-                    format!(
-                        "consumer `{}` on stream `{}`: {e}",
-                        self.consumer, self.stream
-                    ),
-                )
+        let consumer: async_nats::jetstream::consumer::PullConsumer = stream
+            .create_consumer(self.pull_config())
+            .await
+            .map_err(|e| {
+                let what = format!("consumer `{}` on stream `{}`", self.consumer, self.stream);
+                failed(what, e.into())
             })?;
         let messages = consumer
             .stream()
             .max_messages_per_batch(self.batch)
             .messages()
             .await
-            .map_err(|e| {
-                SubscribeError::new(&address, format!("pulling from `{}`: {e}", self.consumer))
-            })?;
+            .map_err(|e| failed(format!("pulling from `{}`", self.consumer), e.into()))?;
         // Running deliveries are tracked only for the keepalive.
         let in_progress: Option<InProgress> = self.keepalive.then(Default::default);
         let deadline = declaration.handler_timeout;
@@ -281,6 +240,73 @@ impl Descriptor for JetStreamConsumer {
             in_progress,
             keepalive,
         })
+    }
+}
+
+impl JetStreamConsumer {
+    /// The durable pull consumer this descriptor creates (or updates).
+    fn pull_config(&self) -> pull::Config {
+        pull::Config {
+            durable_name: Some(self.consumer.clone()),
+            filter_subject: self.filter_subject.clone().unwrap_or_default(),
+            ack_policy: AckPolicy::Explicit,
+            ack_wait: self.ack_wait,
+            deliver_policy: self.deliver_policy,
+            max_ack_pending: self.max_ack_pending.unwrap_or_default(),
+            ..Default::default()
+        }
+    }
+
+    /// Unfiltered, the consumer reads whatever the stream captures (SPEC G4): a
+    /// dead-letter subject the stream captures would be handled again without end.
+    async fn refuse_own_capture(
+        &self,
+        stream: &mut async_nats::jetstream::stream::Stream,
+        dead: &str,
+        address: &str,
+    ) -> Result<(), SubscribeError> {
+        let info = stream.info().await.map_err(|e| {
+            SubscribeError::new(
+                address,
+                Cause::context(format!("stream `{}` info", self.stream), e),
+            )
+        })?;
+        match info
+            .config
+            .subjects
+            .iter()
+            .find(|s| subject::matches(s, dead))
+        {
+            Some(captures) => Err(SubscribeError::new(
+                address,
+                format!(
+                    "the dead-letter subject `{dead}` is captured by this consumer's own stream `{}` (subject `{captures}`), so every dead letter would be handled again without end",
+                    self.stream
+                ),
+            )),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A dead-letter subject no stream captures is published on Core NATS, where nothing
+/// keeps a letter nobody is listening for at that moment: said at start.
+async fn warn_if_no_stream_keeps(
+    jetstream: &async_nats::jetstream::Context,
+    dead: &str,
+    address: &str,
+) {
+    if let Err(e) = jetstream.stream_by_subject(dead).await
+        && matches!(
+            e.kind(),
+            async_nats::jetstream::context::GetStreamByNameErrorKind::NotFound
+        )
+    {
+        tracing::warn!(
+            address,
+            dead_letter = dead,
+            "no JetStream stream captures the dead-letter subject: dead letters will go out on Core NATS and are kept only if a subscriber listens"
+        );
     }
 }
 

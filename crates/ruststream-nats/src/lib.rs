@@ -131,7 +131,7 @@ pub struct ConnectError {
 }
 
 impl ConnectError {
-    /// The server address.
+    /// The server address, its password or token masked (`nats://user:***@host`).
     pub fn url(&self) -> &str {
         &self.url
     }
@@ -169,7 +169,7 @@ impl Nats {
     ) -> Result<Self, ConnectError> {
         ruststream_core::wait_for_broker(
             "NATS",
-            url,
+            &ruststream_core::redact_url(url),
             warn_every,
             ConnectError::is_unreachable,
             || {
@@ -183,11 +183,22 @@ impl Nats {
     }
 
     /// Like [`Nats::connect`], with the client's options (credentials, TLS, timeouts);
-    /// ruststream adds its slow-consumer counting.
+    /// ruststream adds its slow-consumer counting. Credentials inside the URL
+    /// (`nats://user:password@host`, `nats://token@host`) are taken out of it and given
+    /// to the client as options, so the client's own logs, which print the server
+    /// address, never hold them.
     pub async fn connect_with(
         url: &str,
         options: async_nats::ConnectOptions,
     ) -> Result<Self, ConnectError> {
+        let (bare, credentials) = split_credentials(url);
+        let options = match credentials {
+            Some(Credentials::UserPassword(user, password)) => {
+                options.user_and_password(user, password.expose().to_owned())
+            }
+            Some(Credentials::Token(token)) => options.token(token.expose().to_owned()),
+            None => options,
+        };
         let drops = Arc::new(SlowConsumers::default());
         let counted = Arc::clone(&drops);
         let client = options
@@ -199,12 +210,12 @@ impl Nats {
                     }
                 }
             })
-            .connect(url)
+            .connect(bare.as_str())
             .await
             .map_err(|e| {
                 use async_nats::ConnectErrorKind as Kind;
                 ConnectError {
-                    url: url.to_owned(),
+                    url: ruststream_core::redact_url(url).into_owned(),
                     unreachable: matches!(e.kind(), Kind::TimedOut | Kind::Io | Kind::Dns),
                     source: e,
                 }
@@ -273,4 +284,58 @@ impl Nats {
 fn link(client: &async_nats::Client) -> ruststream_core::LinkProbe {
     let client = client.clone();
     Arc::new(move || client.connection_state() == async_nats::connection::State::Connected)
+}
+
+/// Credentials found in a server URL's user-info.
+enum Credentials {
+    UserPassword(String, ruststream_core::Secret),
+    Token(ruststream_core::Secret),
+}
+
+/// `url` without the user-info of its server addresses, and the credentials the first one
+/// held (NATS reads a one-word user-info as a token).
+fn split_credentials(url: &str) -> (String, Option<Credentials>) {
+    let mut found = None;
+    let bare: Vec<String> = url
+        .split(',')
+        .map(|one| {
+            let (scheme, rest) = one.find("://").map_or(("", one), |i| one.split_at(i + 3));
+            let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+            let Some(at) = rest[..end].rfind('@') else {
+                return one.to_owned();
+            };
+            let userinfo = &rest[..at];
+            if found.is_none() {
+                found = Some(match userinfo.split_once(':') {
+                    Some((user, password)) => Credentials::UserPassword(
+                        user.to_owned(),
+                        ruststream_core::Secret::new(password),
+                    ),
+                    None => Credentials::Token(ruststream_core::Secret::new(userinfo)),
+                });
+            }
+            format!("{scheme}{}", &rest[at + 1..])
+        })
+        .collect();
+    (bare.join(","), found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Credentials, split_credentials};
+
+    #[test]
+    fn credentials_leave_the_url() {
+        let (bare, found) = split_credentials("nats://app:pw@h:4222,nats://g:4222");
+        assert_eq!(bare, "nats://h:4222,nats://g:4222");
+        assert!(
+            matches!(found, Some(Credentials::UserPassword(u, p)) if u == "app" && p.expose() == "pw")
+        );
+        let (bare, found) = split_credentials("nats://tok@h:4222");
+        assert_eq!(bare, "nats://h:4222");
+        assert!(matches!(found, Some(Credentials::Token(t)) if t.expose() == "tok"));
+        let (bare, found) = split_credentials("nats://h:4222");
+        assert_eq!(bare, "nats://h:4222");
+        assert!(found.is_none());
+    }
 }

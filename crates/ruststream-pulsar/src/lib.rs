@@ -112,7 +112,7 @@ pub struct ConnectError {
 }
 
 impl ConnectError {
-    /// The service URL.
+    /// The service URL, its password or token masked.
     pub fn url(&self) -> &str {
         &self.url
     }
@@ -135,7 +135,7 @@ impl Pulsar {
         timeout: std::time::Duration,
     ) -> Result<Self, ConnectError> {
         let fail = |source: Cause| ConnectError {
-            url: url.to_owned(),
+            url: ruststream_core::redact_url(url).into_owned(),
             source,
         };
         let build = pulsar::Pulsar::builder(url, pulsar::TokioExecutor).build();
@@ -157,7 +157,7 @@ impl Pulsar {
     ) -> Result<Self, ConnectError> {
         ruststream_core::wait_for_broker(
             "Pulsar",
-            url,
+            &ruststream_core::redact_url(url),
             warn_every,
             |_: &ConnectError| true,
             || Self::connect_within(url, warn_every.min(DEFAULT_CONNECT_TIMEOUT)),

@@ -9,7 +9,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Metric, Registry};
 
 use crate::in_flight::InFlight;
 use crate::middleware::Completion;
@@ -176,82 +176,83 @@ fn duration_histogram() -> Histogram {
 impl Metrics {
     pub(crate) fn new() -> Arc<Self> {
         let mut registry = Registry::default();
-        let deliveries = Family::default();
-        let outcomes = Family::default();
-        let duration = Family::<Labels, Histogram>::new_with_constructor(
-            duration_histogram as fn() -> Histogram,
+        let r = &mut registry;
+        let deliveries = registered(
+            r,
+            "ruststream_deliveries",
+            Family::default(),
+            "Deliveries fetched from the broker",
         );
-        let in_flight = Family::default();
-        let delayed = Family::default();
-        let copies = Family::default();
-        let copy_failures = Family::default();
-        let settle_errors = Family::default();
-        let fetch_errors = Family::default();
-        let backlog = Family::default();
-        let running = Family::default();
-        registry.register(
+        let outcomes = registered(
+            r,
+            "ruststream_outcomes",
+            Family::default(),
+            "Handled deliveries by how they ended (kind: ack, drop, retry, retry_after, \
+             dead_lettered, error, panicked, timed_out, undecodable)",
+        );
+        let duration = registered(
+            r,
+            "ruststream_handler_duration_seconds",
+            Family::<Labels, Histogram>::new_with_constructor(
+                duration_histogram as fn() -> Histogram,
+            ),
+            "Time from the handler's call to its answer (extractors included)",
+        );
+        let in_flight = registered(
+            r,
+            "ruststream_in_flight",
+            Family::default(),
+            "Deliveries fetched and not settled: running, queued for a lane, or waiting \
+             for a delayed copy",
+        );
+        let running = registered(
+            r,
             "ruststream_running",
+            Family::default(),
             "Of the deliveries in flight, those a handler runs for now (the rest of \
              ruststream_in_flight minus ruststream_delayed is queued for a lane)",
-            running.clone(),
         );
-        registry.register(
+        let delayed = registered(
+            r,
+            "ruststream_delayed",
+            Family::default(),
+            "Deliveries whose retry copy waits for its delay in this process",
+        );
+        let copies = registered(
+            r,
+            "ruststream_copies_published",
+            Family::default(),
+            "Copies published and confirmed before their original settled (kind: \
+             retry_copy, dead_letter)",
+        );
+        let copy_failures = registered(
+            r,
+            "ruststream_copy_failures",
+            Family::default(),
+            "Copies that did not go out (kind: transient = tried again, refused = the \
+             original comes back later, lost = nothing can bring the original back)",
+        );
+        let settle_errors = registered(
+            r,
+            "ruststream_settle_errors",
+            Family::default(),
+            "Settlements that did not happen (kind: failed, unsupported)",
+        );
+        let fetch_errors = registered(
+            r,
+            "ruststream_fetch_errors",
+            Family::default(),
+            "Fetches from the broker that failed",
+        );
+        let backlog = registered(
+            r,
             "ruststream_backlog",
+            Family::default(),
             "What the broker tells about the subscription's backlog, asked at each scrape \
              (kind: pending = not yet delivered, Kafka high watermark - committed per \
              partition and JetStream num_pending; ack_pending = delivered and not \
              acknowledged, JetStream; slow_consumer_dropped = Core NATS messages the \
              client dropped since the start)",
-            backlog.clone(),
-        );
-        registry.register(
-            "ruststream_deliveries",
-            "Deliveries fetched from the broker",
-            deliveries.clone(),
-        );
-        registry.register(
-            "ruststream_outcomes",
-            "Handled deliveries by how they ended (kind: ack, drop, retry, retry_after, \
-             dead_lettered, error, panicked, timed_out, undecodable)",
-            outcomes.clone(),
-        );
-        registry.register(
-            "ruststream_handler_duration_seconds",
-            "Time from the handler's call to its answer (extractors included)",
-            duration.clone(),
-        );
-        registry.register(
-            "ruststream_in_flight",
-            "Deliveries fetched and not settled: running, queued for a lane, or waiting \
-             for a delayed copy",
-            in_flight.clone(),
-        );
-        registry.register(
-            "ruststream_delayed",
-            "Deliveries whose retry copy waits for its delay in this process",
-            delayed.clone(),
-        );
-        registry.register(
-            "ruststream_copies_published",
-            "Copies published and confirmed before their original settled (kind: \
-             retry_copy, dead_letter)",
-            copies.clone(),
-        );
-        registry.register(
-            "ruststream_copy_failures",
-            "Copies that did not go out (kind: transient = tried again, refused = the \
-             original comes back later, lost = nothing can bring the original back)",
-            copy_failures.clone(),
-        );
-        registry.register(
-            "ruststream_settle_errors",
-            "Settlements that did not happen (kind: failed, unsupported)",
-            settle_errors.clone(),
-        );
-        registry.register(
-            "ruststream_fetch_errors",
-            "Fetches from the broker that failed",
-            fetch_errors.clone(),
         );
         Arc::new(Self {
             registry: Mutex::new(registry),
@@ -439,4 +440,10 @@ impl Instruments {
     pub(crate) fn settle_failed(&self, error: SettleError) {
         self.settle_errors[error as usize].inc();
     }
+}
+
+/// Registers `metric` as `name` with its help text, and hands it back.
+fn registered<M: Metric + Clone>(registry: &mut Registry, name: &str, metric: M, help: &str) -> M {
+    registry.register(name, help, metric.clone());
+    metric
 }

@@ -135,8 +135,10 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
     });
     let mut timers = Timed::new();
     let mut pending: Option<(usize, Job<Sub::Receipt>)> = None;
-    let mut round_robin = 0usize;
-
+    let mut picker = Picker {
+        lanes,
+        round_robin: 0,
+    };
     let mut stop = StopSignal::new(stop);
     let mut at_bound = false;
     let mut fetch_errors = FetchErrors::default();
@@ -170,6 +172,7 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
         };
         match event {
             Event::Finished(done) => {
+                // The lane it waited for may have room now.
                 if let Some((lane, _)) = &pending
                     && set.has_room(*lane)
                     && let Some((lane, job)) = pending.take()
@@ -185,15 +188,7 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
             Event::Idle => {}
             Event::Fetched(job) => {
                 fetch_errors.recovered(&shared);
-                if let Some(metrics) = &shared.metrics {
-                    metrics.deliveries.inc();
-                }
-                shared.begin();
-                let lane = pick_lane(&job.delivery, &lanes, &mut round_robin);
-                // A lane with room takes it at once; a full one is waited for.
-                if let Some(job) = set.offer(lane, job) {
-                    pending = Some((lane, job));
-                }
+                pending = accept(&shared, &mut set, &mut picker, job);
             }
             Event::FetchFailed(error) => {
                 fetch_errors.failed(&shared, &error);
@@ -413,6 +408,32 @@ impl Drop for DelayedGuard {
     fn drop(&mut self) {
         self.0.dec();
     }
+}
+
+/// Which lane a delivery goes to.
+struct Picker {
+    lanes: Lanes,
+    round_robin: usize,
+}
+
+/// A fetched delivery, counted in flight and offered to its lane: a lane with room takes
+/// it at once; a full one is waited for (handed back, to be kept pending).
+fn accept<S, R, F, St>(
+    shared: &Shared<S>,
+    set: &mut LaneSet<R, F, St>,
+    picker: &mut Picker,
+    job: Job<R>,
+) -> Option<(usize, Job<R>)>
+where
+    F: Future<Output = Finished<R>>,
+    St: Fn(Job<R>) -> F,
+{
+    if let Some(metrics) = &shared.metrics {
+        metrics.deliveries.inc();
+    }
+    shared.begin();
+    let lane = pick_lane(&job.delivery, &picker.lanes, &mut picker.round_robin);
+    set.offer(lane, job).map(|job| (lane, job))
 }
 
 fn pick_lane(delivery: &Delivery, lanes: &Lanes, round_robin: &mut usize) -> usize {

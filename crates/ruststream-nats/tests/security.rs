@@ -1,0 +1,316 @@
+//! Credentials on a real nats-server that requires them, started here from the binary the
+//! test command installed: the right ones connect, consume and settle; wrong ones fail at
+//! once with an error naming the reason and the address, and no secret is ever printed.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{capture_logs, create_stream, eventually, logs, unique};
+use ruststream::{App, HandlerOutcome, Message, Publisher, State, on};
+use ruststream_core::Secret;
+use ruststream_nats::Nats;
+use ruststream_nats::async_nats::{self, jetstream};
+
+const USER: &str = "billing";
+const PASSWORD: &str = "pw-7f3a9c";
+const WRONG: &str = "wrong-91b2e4";
+
+/// A nats-server on a free port with JetStream, requiring `USER`/`PASSWORD`.
+struct Server {
+    _process: tokio::process::Child,
+    _store: tempdir::Store,
+    address: String,
+}
+
+mod tempdir {
+    /// A directory removed on drop.
+    pub(crate) struct Store(pub(crate) std::path::PathBuf);
+
+    impl Drop for Store {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+async fn server_with_password() -> Server {
+    let binary =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.brokers/bin/nats-server");
+    assert!(
+        binary.exists(),
+        "{} is missing: run the tests with scripts/test, which installs it",
+        binary.display()
+    );
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let store = tempdir::Store(std::env::temp_dir().join(unique("nats-auth")));
+    let process = tokio::process::Command::new(&binary)
+        .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
+        .arg(&store.0)
+        .args(["--user", USER, "--pass", PASSWORD])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("nats-server starts");
+    let address = format!("127.0.0.1:{port}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tokio::net::TcpStream::connect(&address).await.is_err() {
+        assert!(Instant::now() < deadline, "nats-server did not listen");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Server {
+        _process: process,
+        _store: store,
+        address,
+    }
+}
+
+/// No captured log line holds `secret`; the ones that do are shown.
+fn assert_no_line_holds(secret: &str) {
+    let logged = logs();
+    let holding: Vec<&str> = logged.lines().filter(|l| l.contains(secret)).collect();
+    assert!(
+        holding.is_empty(),
+        "log lines hold the password:\n{}",
+        holding.join("\n")
+    );
+}
+
+fn with_password(password: &Secret) -> async_nats::ConnectOptions {
+    async_nats::ConnectOptions::with_user_and_password(USER.into(), password.expose().into())
+        .connection_timeout(Duration::from_secs(5))
+}
+
+async fn on_order(
+    Message(id): Message<u64>,
+    State(seen): State<Arc<AtomicUsize>>,
+) -> HandlerOutcome {
+    let _ = id;
+    seen.fetch_add(1, Ordering::Relaxed);
+    HandlerOutcome::ack()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn user_and_password_connect_consume_and_settle() {
+    let server = server_with_password().await;
+    let url = format!("nats://{}", server.address);
+    let nats = Nats::connect_with(&url, with_password(&Secret::new(PASSWORD)))
+        .await
+        .expect("the right credentials connect");
+    let base = unique("SECURE");
+    let stream = create_stream(&nats, &base, &[format!("{base}.in")]).await;
+    let seen = Arc::new(AtomicUsize::new(0));
+    let running = App::new()
+        .state(Arc::clone(&seen))
+        .register(on(
+            nats.consumer(base.clone(), "billing")
+                .filter_subject(format!("{base}.in")),
+            on_order,
+        ))
+        .start()
+        .await
+        .expect("starts");
+    let publisher = Publisher::new(nats.publish_handle());
+    for id in 0..3u64 {
+        publisher
+            .to(format!("{base}.in"))
+            .send(&id)
+            .await
+            .expect("published");
+    }
+    eventually(Duration::from_secs(10), "three orders handled", || {
+        seen.load(Ordering::Relaxed) == 3
+    })
+    .await;
+    running.stop().await;
+    // Settled: the durable consumer has nothing pending and nothing unacknowledged.
+    let info = jetstream::new(nats.client().clone())
+        .get_stream(&base)
+        .await
+        .expect("stream")
+        .get_consumer::<jetstream::consumer::pull::Config>("billing")
+        .await
+        .expect("consumer")
+        .info()
+        .await
+        .expect("info")
+        .clone();
+    assert_eq!((info.num_pending, info.num_ack_pending), (0, 0));
+    drop(stream);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_password_fails_at_once_naming_the_reason_and_the_address_not_the_secret() {
+    capture_logs("debug,async_nats=debug");
+    let server = server_with_password().await;
+    let url = format!("nats://{}", server.address);
+    let started = Instant::now();
+    let error = Nats::connect_with(&url, with_password(&Secret::new(WRONG)))
+        .await
+        .expect_err("a wrong password is refused");
+    let took = started.elapsed();
+    let shown = format!("{error} {error:?}");
+    assert!(took < Duration::from_secs(5), "failed after {took:?}");
+    assert!(!error.is_unreachable(), "{shown}");
+    assert!(shown.contains(&server.address), "{shown}");
+    assert!(shown.to_lowercase().contains("authorization"), "{shown}");
+    assert!(!shown.contains(WRONG), "{shown}");
+    assert_no_line_holds(WRONG);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_inside_the_url_is_never_printed() {
+    capture_logs("debug,async_nats=debug");
+    let server = server_with_password().await;
+    let url = format!("nats://{USER}:{WRONG}@{}", server.address);
+    // Refused credentials are not waited out: the waiting start returns at once too.
+    let started = Instant::now();
+    let error = Nats::connect_waiting(&url, Duration::from_millis(500))
+        .await
+        .expect_err("a wrong password is refused");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let shown = format!("{error} {error:?}");
+    assert!(
+        shown.contains(&format!("nats://{USER}:***@{}", server.address)),
+        "{shown}"
+    );
+    assert!(!shown.contains(WRONG), "{shown}");
+    assert_no_line_holds(WRONG);
+    // The right password in the URL connects (async-nats reads user-info as credentials).
+    let url = format!("nats://{USER}:{PASSWORD}@{}", server.address);
+    Nats::connect(&url)
+        .await
+        .expect("credentials in the URL connect");
+    assert_no_line_holds(PASSWORD);
+}
+
+/// A CA, and a server certificate it signed for 127.0.0.1 and localhost, as PEM files.
+struct Certificates {
+    dir: tempdir::Store,
+}
+
+impl Certificates {
+    fn new() -> Self {
+        use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, SanType};
+        let dir = tempdir::Store(std::env::temp_dir().join(unique("nats-tls")));
+        std::fs::create_dir_all(&dir.0).expect("a directory for the certificates");
+        let ca_key = KeyPair::generate().expect("CA key");
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca = ca_params.self_signed(&ca_key).expect("CA certificate");
+        let issuer = Issuer::new(ca_params, ca_key);
+        let server_key = KeyPair::generate().expect("server key");
+        let mut params = CertificateParams::new(vec!["localhost".to_owned()]).expect("params");
+        params
+            .subject_alt_names
+            .push(SanType::IpAddress([127, 0, 0, 1].into()));
+        let server = params
+            .signed_by(&server_key, &issuer)
+            .expect("server certificate");
+        let write = |name: &str, pem: String| std::fs::write(dir.0.join(name), pem).expect(name);
+        write("ca.pem", ca.pem());
+        write("server.pem", server.pem());
+        write("server-key.pem", server_key.serialize_pem());
+        Self { dir }
+    }
+
+    fn path(&self, name: &str) -> std::path::PathBuf {
+        self.dir.0.join(name)
+    }
+}
+
+/// A nats-server on a free port that speaks TLS only, with `certificates`' server pair.
+async fn server_with_tls(certificates: &Certificates) -> Server {
+    let binary =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.brokers/bin/nats-server");
+    assert!(
+        binary.exists(),
+        "{} is missing: run scripts/test",
+        binary.display()
+    );
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let store = tempdir::Store(std::env::temp_dir().join(unique("nats-tls-store")));
+    let process = tokio::process::Command::new(&binary)
+        .args(["-a", "127.0.0.1", "-p", &port.to_string(), "--tls"])
+        .arg("--tlscert")
+        .arg(certificates.path("server.pem"))
+        .arg("--tlskey")
+        .arg(certificates.path("server-key.pem"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("nats-server starts");
+    let address = format!("127.0.0.1:{port}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tokio::net::TcpStream::connect(&address).await.is_err() {
+        assert!(Instant::now() < deadline, "nats-server did not listen");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Server {
+        _process: process,
+        _store: store,
+        address,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_with_the_servers_ca_connects_and_consumes() {
+    let certificates = Certificates::new();
+    let server = server_with_tls(&certificates).await;
+    let options = async_nats::ConnectOptions::new()
+        .add_root_certificates(certificates.path("ca.pem"))
+        .require_tls(true)
+        .connection_timeout(Duration::from_secs(5));
+    let nats = Nats::connect_with(&format!("tls://{}", server.address), options)
+        .await
+        .expect("TLS with the right CA connects");
+    let subject = unique("secure.prices");
+    let seen = Arc::new(AtomicUsize::new(0));
+    let running = App::new()
+        .state(Arc::clone(&seen))
+        .register(on(nats.subject(subject.clone()), on_order))
+        .start()
+        .await
+        .expect("starts");
+    nats.client().flush().await.expect("flush");
+    let publisher = Publisher::new(nats.publish_handle());
+    publisher.to(&subject).send(&7u64).await.expect("published");
+    eventually(Duration::from_secs(10), "the message handled", || {
+        seen.load(Ordering::Relaxed) == 1
+    })
+    .await;
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_untrusted_certificate_fails_at_once_naming_the_address() {
+    let certificates = Certificates::new();
+    let server = server_with_tls(&certificates).await;
+    // Another CA than the one that signed the server's certificate.
+    let other = Certificates::new();
+    let options = async_nats::ConnectOptions::new()
+        .add_root_certificates(other.path("ca.pem"))
+        .require_tls(true)
+        .connection_timeout(Duration::from_secs(5));
+    let started = Instant::now();
+    let error = Nats::connect_with(&format!("tls://{}", server.address), options)
+        .await
+        .expect_err("a certificate no trusted CA signed is refused");
+    let shown = format!("{error}");
+    assert!(started.elapsed() < Duration::from_secs(5), "{shown}");
+    assert!(shown.contains(&server.address), "{shown}");
+    assert!(
+        shown.to_lowercase().contains("certificate") || shown.to_lowercase().contains("tls"),
+        "{shown}"
+    );
+}
