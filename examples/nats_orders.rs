@@ -10,8 +10,9 @@ use std::time::Duration;
 use futures_util::StreamExt;
 
 use ruststream::{App, HandlerOutcome, Message, Meta, Publisher, ReplyTo, State, on};
+use ruststream_core::Secret;
 use ruststream_nats::async_nats::jetstream::{self, stream};
-use ruststream_nats::{MessageId, Nats};
+use ruststream_nats::{MessageId, Nats, async_nats};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
@@ -56,9 +57,21 @@ async fn on_price(
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // Configuration from the environment (README, "Connecting securely"): the address,
+    // then credentials and a CA bundle when the server asks for them.
     let url =
         std::env::var("RUSTSTREAM_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
-    let nats = Nats::connect(&url).await?;
+    let mut options = async_nats::ConnectOptions::new();
+    if let (Ok(user), Some(password)) = (
+        std::env::var("RUSTSTREAM_NATS_USER"),
+        Secret::from_env("RUSTSTREAM_NATS_PASSWORD"),
+    ) {
+        options = options.user_and_password(user, password.expose().to_owned());
+    }
+    if let Ok(ca) = std::env::var("RUSTSTREAM_NATS_CA") {
+        options = options.add_root_certificates(ca.into()).require_tls(true);
+    }
+    let nats = Nats::connect_with(&url, options).await?;
     let suffix = std::process::id();
     let (stream_name, orders, dead, prices) = (
         format!("EXAMPLE_ORDERS_{suffix}"),

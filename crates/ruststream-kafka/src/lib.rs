@@ -81,6 +81,7 @@ mod descriptor;
 mod eos;
 mod publish;
 mod receipt;
+mod security;
 pub mod subscription;
 mod tracker;
 mod window;
@@ -97,6 +98,7 @@ pub use rdkafka::Offset;
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::FutureProducer;
 pub use ruststream_core::StartAt;
+pub use security::{Sasl, Security, Tls};
 
 /// A Kafka cluster: its address, settings shared by every client, and one producer.
 #[derive(Clone)]
@@ -162,6 +164,34 @@ impl Kafka {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             wait_for_cluster: None,
         })
+    }
+
+    /// Like [`Kafka::with_settings`], encrypted and authenticated as `security` says, for
+    /// the producer and every consumer (the settings it stands for win over `settings`).
+    ///
+    /// ```no_run
+    /// use ruststream_core::Secret;
+    /// use ruststream_kafka::{Kafka, Sasl, Security, Tls};
+    ///
+    /// # fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// // From the environment: the address, the credentials, the CA bundle.
+    /// let password = Secret::from_env("KAFKA_PASSWORD").ok_or("KAFKA_PASSWORD is not set")?;
+    /// let security = Security::SaslTls(
+    ///     Sasl::ScramSha512 { user: std::env::var("KAFKA_USER")?, password },
+    ///     Tls::with_ca(std::env::var("KAFKA_CA")?),
+    /// );
+    /// let kafka = Kafka::with_security(&std::env::var("KAFKA_BROKERS")?, Default::default(), &security)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn with_security(
+        brokers: &str,
+        mut settings: BTreeMap<String, String>,
+        security: &Security,
+    ) -> Result<Self, SetupError> {
+        for (key, value) in security.settings() {
+            settings.insert(key.to_owned(), value);
+        }
+        Self::with_settings(brokers, settings)
     }
 
     /// How long each subscription waits at start for the cluster to answer (default

@@ -1,0 +1,118 @@
+//! TLS and SASL settings on Kafka. tansu 0.6.0, the broker the test command runs, takes
+//! neither: its `--cert` and `--key` flags cannot be given together and, with either, it
+//! still reads plaintext frames (tried on 2026-12-01; `--authentication` needs users made
+//! in a persistent storage engine, and this build has memory storage only). So these
+//! check that the settings reach librdkafka, against a listener of the test's own, and
+//! that no password is ever printed.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use common::{Script, capture_logs, handler, logs, unique};
+use ruststream::{App, HandlerOutcome, StartError, on};
+use ruststream_core::Secret;
+use ruststream_kafka::{Kafka, Sasl, Security, Tls};
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpListener;
+
+const PASSWORD: &str = "kafka-pw-5d81c0";
+
+/// A CA certificate in a PEM file (librdkafka loads `ssl.ca.location` when the client is
+/// made, so it must be a real one).
+fn ca_file() -> std::path::PathBuf {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+    let key = KeyPair::generate().expect("key");
+    let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = params.self_signed(&key).expect("CA");
+    let path = std::env::temp_dir().join(format!("{}.pem", unique("kafka-ca")));
+    std::fs::write(&path, ca.pem()).expect("CA file");
+    path
+}
+
+/// What a client sent first on the listener's first connection.
+async fn first_bytes(listener: &TcpListener) -> Vec<u8> {
+    let (mut socket, _) = tokio::time::timeout(Duration::from_secs(15), listener.accept())
+        .await
+        .expect("the client connects")
+        .expect("accept");
+    let mut bytes = vec![0; 16];
+    let n = tokio::time::timeout(Duration::from_secs(5), socket.read(&mut bytes))
+        .await
+        .expect("the client writes")
+        .expect("read");
+    bytes.truncate(n);
+    bytes
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_settings_reach_the_client_which_opens_with_a_tls_handshake() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("listen");
+    let address = listener.local_addr().expect("address").to_string();
+    let kafka = Kafka::with_security(
+        &address,
+        BTreeMap::new(),
+        &Security::Tls(Tls::with_ca(ca_file())),
+    )
+    .expect("a client with TLS (librdkafka built with OpenSSL)");
+    let publisher = kafka.publisher();
+    let sending = tokio::spawn(async move {
+        let _ = publisher
+            .send("orders", None, &Default::default(), b"x", None)
+            .await;
+    });
+    let bytes = first_bytes(&listener).await;
+    sending.abort();
+    // A TLS record of type handshake (22) carrying a ClientHello (1), not a Kafka request.
+    assert!(
+        bytes.len() >= 6 && bytes[0] == 0x16 && bytes[5] == 0x01,
+        "not a TLS ClientHello: {bytes:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_authenticated_start_never_prints_the_password() {
+    capture_logs("debug,rdkafka=debug");
+    // Accepts and closes every connection: the handshake never completes.
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("listen");
+    let address = listener.local_addr().expect("address").to_string();
+    tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            drop(socket);
+        }
+    });
+    let security = Security::SaslTls(
+        Sasl::ScramSha512 {
+            user: "billing".into(),
+            password: Secret::new(PASSWORD),
+        },
+        Tls::with_ca(ca_file()),
+    );
+    let kafka = Kafka::with_security(&address, BTreeMap::new(), &security)
+        .expect("a client")
+        .connect_timeout(Duration::from_secs(2));
+    let started = Instant::now();
+    let refused = App::new()
+        .register(on(
+            kafka.topic(unique("secure")).group("billing"),
+            handler(Script::new(|_| HandlerOutcome::ack())),
+        ))
+        .start()
+        .await;
+    assert!(started.elapsed() < Duration::from_secs(8));
+    let Err(error @ StartError::Open { .. }) = refused else {
+        panic!("started, or refused for another reason: {refused:?}");
+    };
+    let shown = format!("{error} {error:?} {kafka:?} {security:?}");
+    assert!(shown.contains(&address), "{shown}");
+    assert!(!shown.contains(PASSWORD), "{shown}");
+    let logged = logs();
+    let holding: Vec<&str> = logged.lines().filter(|l| l.contains(PASSWORD)).collect();
+    assert!(
+        holding.is_empty(),
+        "log lines hold the password:\n{}",
+        holding.join("\n")
+    );
+}
