@@ -37,6 +37,11 @@ mod tempdir {
 }
 
 async fn server_with_password() -> Server {
+    nats_server(&["--user", USER, "--pass", PASSWORD]).await
+}
+
+/// A nats-server on a free port with JetStream (a store of its own) and `args`.
+async fn nats_server<A: AsRef<std::ffi::OsStr>>(args: &[A]) -> Server {
     let binary =
         std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.brokers/bin/nats-server");
     assert!(
@@ -48,11 +53,11 @@ async fn server_with_password() -> Server {
         .and_then(|l| l.local_addr())
         .expect("a free port")
         .port();
-    let store = tempdir::Store(std::env::temp_dir().join(unique("nats-auth")));
+    let store = tempdir::Store(std::env::temp_dir().join(unique("nats-secure")));
     let process = tokio::process::Command::new(&binary)
         .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
         .arg(&store.0)
-        .args(["--user", USER, "--pass", PASSWORD])
+        .args(args)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .kill_on_drop(true)
@@ -227,40 +232,18 @@ impl Certificates {
 
 /// A nats-server on a free port that speaks TLS only, with `certificates`' server pair.
 async fn server_with_tls(certificates: &Certificates) -> Server {
-    let binary =
-        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.brokers/bin/nats-server");
-    assert!(
-        binary.exists(),
-        "{} is missing: run scripts/test",
-        binary.display()
+    let (certificate, key) = (
+        certificates.path("server.pem"),
+        certificates.path("server-key.pem"),
     );
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
-    let store = tempdir::Store(std::env::temp_dir().join(unique("nats-tls-store")));
-    let process = tokio::process::Command::new(&binary)
-        .args(["-a", "127.0.0.1", "-p", &port.to_string(), "--tls"])
-        .arg("--tlscert")
-        .arg(certificates.path("server.pem"))
-        .arg("--tlskey")
-        .arg(certificates.path("server-key.pem"))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("nats-server starts");
-    let address = format!("127.0.0.1:{port}");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while tokio::net::TcpStream::connect(&address).await.is_err() {
-        assert!(Instant::now() < deadline, "nats-server did not listen");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    Server {
-        _process: process,
-        _store: store,
-        address,
-    }
+    nats_server(&[
+        std::ffi::OsStr::new("--tls"),
+        "--tlscert".as_ref(),
+        certificate.as_os_str(),
+        "--tlskey".as_ref(),
+        key.as_os_str(),
+    ])
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -313,4 +296,35 @@ async fn an_untrusted_certificate_fails_at_once_naming_the_address() {
         shown.to_lowercase().contains("certificate") || shown.to_lowercase().contains("tls"),
         "{shown}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_connects_and_a_wrong_one_is_refused_without_being_printed() {
+    capture_logs("debug,async_nats=debug");
+    let token = "tok-4e7d20";
+    let server = nats_server(&["--auth", token]).await;
+    let url = format!("nats://{}", server.address);
+    let options = |token: &str| {
+        async_nats::ConnectOptions::with_token(token.to_owned())
+            .connection_timeout(Duration::from_secs(5))
+    };
+    Nats::connect_with(&url, options(token))
+        .await
+        .expect("the right token connects");
+    // A token inside the URL is read as one too.
+    Nats::connect(&format!("nats://{token}@{}", server.address))
+        .await
+        .expect("the token in the URL connects");
+    let wrong = "tok-wrong-93aa01";
+    let error = Nats::connect(&format!("nats://{wrong}@{}", server.address))
+        .await
+        .expect_err("a wrong token is refused");
+    let shown = format!("{error} {error:?}");
+    assert!(
+        shown.contains(&format!("nats://***@{}", server.address)),
+        "{shown}"
+    );
+    assert!(!shown.contains(wrong) && !shown.contains(token), "{shown}");
+    assert_no_line_holds(token);
+    assert_no_line_holds(wrong);
 }

@@ -343,8 +343,19 @@ impl Metrics {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
+        // Asked all at once: a scrape waits for the slowest broker, not for their sum.
+        let mut asked = tokio::task::JoinSet::new();
         for (labels, probe) in probes {
-            match tokio::time::timeout(BACKLOG_TIMEOUT, probe()).await {
+            let answer = probe();
+            asked.spawn(
+                async move { (labels, tokio::time::timeout(BACKLOG_TIMEOUT, answer).await) },
+            );
+        }
+        while let Some(joined) = asked.join_next().await {
+            let Ok((labels, answer)) = joined else {
+                continue;
+            };
+            match answer {
                 Ok(Ok(figures)) => {
                     for figure in figures {
                         let key = BacklogLabels {
