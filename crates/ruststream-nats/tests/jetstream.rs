@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{Script, create_stream, eventually, handler, logs, nats, unique};
+use common::{Script, create_stream, eventually, handler, logs, nats, own_server, unique};
 use ruststream::{App, HandlerOutcome, Headers, Running, StartError, on};
 use ruststream_nats::Nats;
 use ruststream_nats::async_nats::jetstream::{self, consumer, stream::Stream};
@@ -591,36 +591,10 @@ async fn n6_a_dead_letter_subject_no_stream_captures_is_warned_about_at_start() 
 /// answer, so a publish through the `Publish` contract goes out on Core NATS and arrives.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn n2_publishing_on_a_server_without_jetstream_goes_core() {
-    let binary =
-        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.brokers/bin/nats-server");
-    assert!(
-        binary.exists(),
-        "{} is missing: run the tests with scripts/test, which installs it",
-        binary.display()
-    );
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
-    let _server = tokio::process::Command::new(&binary)
-        .args(["-a", "127.0.0.1", "-p", &port.to_string()])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("nats-server starts");
-    let url = format!("nats://127.0.0.1:{port}");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let nats = loop {
-        if let Ok(nats) = Nats::connect(&url).await {
-            break nats;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "nats-server without JetStream did not start"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let server = own_server::<&str>(&[]).await;
+    let nats = Nats::connect(&format!("nats://{}", server.address))
+        .await
+        .expect("nats-server without JetStream answers");
     let mut subscriber = nats
         .client()
         .subscribe("plain.subject")

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{capture_logs, create_stream, eventually, logs, unique};
+use common::{capture_logs, create_stream, eventually, logs, own_server, unique};
 use ruststream::{App, HandlerOutcome, Message, Publisher, State, on};
 use ruststream_core::Secret;
 use ruststream_nats::Nats;
@@ -20,7 +20,7 @@ const WRONG: &str = "wrong-91b2e4";
 
 /// A nats-server on a free port with JetStream, requiring `USER`/`PASSWORD`.
 struct Server {
-    _process: tokio::process::Child,
+    _process: common::OwnServer,
     _store: tempdir::Store,
     address: String,
 }
@@ -40,39 +40,16 @@ async fn server_with_password() -> Server {
     nats_server(&["--user", USER, "--pass", PASSWORD]).await
 }
 
-/// A nats-server on a free port with JetStream (a store of its own) and `args`.
+/// A nats-server of the test's own with JetStream (a store of its own) and `args`.
 async fn nats_server<A: AsRef<std::ffi::OsStr>>(args: &[A]) -> Server {
-    let binary =
-        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.brokers/bin/nats-server");
-    assert!(
-        binary.exists(),
-        "{} is missing: run the tests with scripts/test, which installs it",
-        binary.display()
-    );
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
     let store = tempdir::Store(std::env::temp_dir().join(unique("nats-secure")));
-    let process = tokio::process::Command::new(&binary)
-        .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
-        .arg(&store.0)
-        .args(args)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("nats-server starts");
-    let address = format!("127.0.0.1:{port}");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while tokio::net::TcpStream::connect(&address).await.is_err() {
-        assert!(Instant::now() < deadline, "nats-server did not listen");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let mut all: Vec<std::ffi::OsString> = vec!["-js".into(), "-sd".into(), store.0.clone().into()];
+    all.extend(args.iter().map(|a| a.as_ref().to_owned()));
+    let server = own_server(&all).await;
     Server {
-        _process: process,
+        address: server.address.clone(),
+        _process: server,
         _store: store,
-        address,
     }
 }
 

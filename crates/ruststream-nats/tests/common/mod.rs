@@ -39,3 +39,45 @@ pub async fn create_stream(
         .await
         .expect("create stream")
 }
+
+/// A nats-server of the test's own, killed when dropped.
+pub struct OwnServer {
+    _process: tokio::process::Child,
+    /// `127.0.0.1:port`.
+    pub address: String,
+}
+
+/// Starts a nats-server of the test's own on a free port with `args`, from the binary the
+/// test command installed (a missing one fails the test), and returns once it listens.
+pub async fn own_server<A: AsRef<std::ffi::OsStr>>(args: &[A]) -> OwnServer {
+    use std::time::{Duration, Instant};
+    let binary =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.brokers/bin/nats-server");
+    assert!(
+        binary.exists(),
+        "{} is missing: run the tests with scripts/test, which installs it",
+        binary.display()
+    );
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let process = tokio::process::Command::new(&binary)
+        .args(["-a", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("nats-server starts");
+    let address = format!("127.0.0.1:{port}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tokio::net::TcpStream::connect(&address).await.is_err() {
+        assert!(Instant::now() < deadline, "nats-server did not listen");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    OwnServer {
+        _process: process,
+        address,
+    }
+}
