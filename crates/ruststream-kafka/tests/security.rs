@@ -14,7 +14,7 @@ use common::{Script, capture_logs, handler, logs, unique};
 use ruststream::{App, HandlerOutcome, StartError, on};
 use ruststream_core::Secret;
 use ruststream_kafka::{Kafka, Sasl, Security, Tls};
-use tokio::io::AsyncReadExt;
+use ruststream_test_support::assert_tls_client_hello;
 use tokio::net::TcpListener;
 
 const PASSWORD: &str = "kafka-pw-5d81c0";
@@ -30,21 +30,6 @@ fn ca_file() -> std::path::PathBuf {
     let path = std::env::temp_dir().join(format!("{}.pem", unique("kafka-ca")));
     std::fs::write(&path, ca.pem()).expect("CA file");
     path
-}
-
-/// What a client sent first on the listener's first connection.
-async fn first_bytes(listener: &TcpListener) -> Vec<u8> {
-    let (mut socket, _) = tokio::time::timeout(Duration::from_secs(15), listener.accept())
-        .await
-        .expect("the client connects")
-        .expect("accept");
-    let mut bytes = vec![0; 16];
-    let n = tokio::time::timeout(Duration::from_secs(5), socket.read(&mut bytes))
-        .await
-        .expect("the client writes")
-        .expect("read");
-    bytes.truncate(n);
-    bytes
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -63,13 +48,8 @@ async fn tls_settings_reach_the_client_which_opens_with_a_tls_handshake() {
             .send("orders", None, &Default::default(), b"x", None)
             .await;
     });
-    let bytes = first_bytes(&listener).await;
+    assert_tls_client_hello(&listener).await;
     sending.abort();
-    // A TLS record of type handshake (22) carrying a ClientHello (1), not a Kafka request.
-    assert!(
-        bytes.len() >= 6 && bytes[0] == 0x16 && bytes[5] == 0x01,
-        "not a TLS ClientHello: {bytes:?}"
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

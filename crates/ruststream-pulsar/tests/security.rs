@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use ruststream_pulsar::Pulsar;
-use tokio::io::AsyncReadExt;
+use ruststream_test_support::assert_tls_client_hello;
 use tokio::net::TcpListener;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -17,21 +17,7 @@ async fn pulsar_ssl_opens_with_a_tls_handshake_and_the_error_masks_the_token() {
     let url = format!("pulsar+ssl://{token}@{address}");
     let connecting =
         tokio::spawn(async move { Pulsar::connect_within(&url, Duration::from_secs(3)).await });
-    let (mut socket, _) = tokio::time::timeout(Duration::from_secs(10), listener.accept())
-        .await
-        .expect("the client connects")
-        .expect("accept");
-    let mut bytes = vec![0; 16];
-    let n = tokio::time::timeout(Duration::from_secs(5), socket.read(&mut bytes))
-        .await
-        .expect("the client writes")
-        .expect("read");
-    assert!(
-        n >= 6 && bytes[0] == 0x16 && bytes[5] == 0x01,
-        "not a TLS ClientHello: {:?}",
-        &bytes[..n]
-    );
-    drop(socket);
+    assert_tls_client_hello(&listener).await;
     let error = connecting
         .await
         .expect("joined")

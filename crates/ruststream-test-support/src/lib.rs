@@ -265,3 +265,25 @@ pub async fn cpu_share_over(window: Duration) -> f64 {
 pub fn reliability(transport: &str, tried: &str, lost: &str, duplicated: &str, dead: &str) {
     println!("RELIABILITY|{transport}|{tried}|{lost}|{duplicated}|{dead}");
 }
+
+/// Accepts the first connection on `listener` and asserts the client opened it with a
+/// TLS ClientHello (a handshake record, 22, carrying message type 1), not a broker's own
+/// protocol: how the tests check that TLS settings reached a client when the broker they
+/// run has no TLS. The connection is closed after.
+pub async fn assert_tls_client_hello(listener: &tokio::net::TcpListener) {
+    use tokio::io::AsyncReadExt;
+    let (mut socket, _) = tokio::time::timeout(Duration::from_secs(15), listener.accept())
+        .await
+        .expect("the client connects")
+        .expect("accept");
+    let mut bytes = vec![0; 16];
+    let n = tokio::time::timeout(Duration::from_secs(5), socket.read(&mut bytes))
+        .await
+        .expect("the client writes")
+        .expect("read");
+    assert!(
+        n >= 6 && bytes[0] == 0x16 && bytes[5] == 0x01,
+        "not a TLS ClientHello: {:?}",
+        &bytes[..n]
+    );
+}
