@@ -2,15 +2,16 @@
 //! `EosPipeline`. Each window's invoices and the orders' offsets commit in one Kafka
 //! transaction; a `read_committed` consumer sees both or neither.
 //!
-//! Needs a Kafka-API broker: `RUSTSTREAM_KAFKA_BROKERS` (default `127.0.0.1:9092`).
+//! Needs a Kafka-API broker: `RUSTSTREAM_KAFKA_BROKERS=127.0.0.1:9092`, plus
+//! the SASL/TLS variables of the README's "Connecting securely" when the cluster asks.
 //! Run it with `cargo run -p ruststream-kafka --example kafka_eos`.
 
 use std::time::Duration;
 
 use ruststream::{App, HandlerOutcome, Headers, Message, Publisher, on};
+use ruststream_core::Env;
 use ruststream_kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use ruststream_kafka::rdkafka::client::DefaultClientContext;
-use ruststream_kafka::rdkafka::config::ClientConfig;
 use ruststream_kafka::{Commit, EosPipeline, Kafka};
 use serde::{Deserialize, Serialize};
 
@@ -48,17 +49,16 @@ async fn invoice(Message(order): Message<Order>, publisher: Publisher) -> Handle
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let brokers =
-        std::env::var("RUSTSTREAM_KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into());
+    // Configuration from the environment (README, "Connecting securely"):
+    // RUSTSTREAM_KAFKA_BROKERS, and SASL/TLS settings when the cluster asks for them.
+    let kafka = Kafka::from_env(&Env::new("RUSTSTREAM_KAFKA"))?;
     let suffix = std::process::id();
     let (orders, invoices) = (
         format!("eos-orders-{suffix}"),
         format!("eos-invoices-{suffix}"),
     );
     INVOICES.set(invoices.clone()).ok();
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", &brokers)
-        .create()?;
+    let admin: AdminClient<DefaultClientContext> = kafka.client_config().create()?;
     for result in admin
         .create_topics(
             &[
@@ -72,7 +72,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         result.map_err(|(topic, e)| format!("creating {topic}: {e}"))?;
     }
 
-    let kafka = Kafka::connect(&brokers)?;
     let pipeline = EosPipeline::new(&kafka, format!("invoicing-{suffix}"))
         .commit_interval(Duration::from_millis(100));
     let mut reports = pipeline.reports();

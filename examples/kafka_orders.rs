@@ -2,15 +2,16 @@
 //! are retried with `retry_after` (copies with `x-ruststream-retry-count`) and reach the
 //! dead-letter topic after `max_attempts`; a second registration reads the dead letters.
 //!
-//! Needs a Kafka-API broker: `RUSTSTREAM_KAFKA_BROKERS` (default `127.0.0.1:9092`).
+//! Needs a Kafka-API broker: `RUSTSTREAM_KAFKA_BROKERS=127.0.0.1:9092`, plus
+//! the SASL/TLS variables of the README's "Connecting securely" when the cluster asks.
 //! Run it with `cargo run -p ruststream-kafka --example kafka_orders`.
 
 use std::time::Duration;
 
 use ruststream::{App, HandlerOutcome, Headers, Message, Meta, Publisher, State, on};
+use ruststream_core::Env;
 use ruststream_kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use ruststream_kafka::rdkafka::client::DefaultClientContext;
-use ruststream_kafka::rdkafka::config::ClientConfig;
 use ruststream_kafka::{Commit, Kafka};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
@@ -58,16 +59,15 @@ async fn on_dead_letter(
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let brokers =
-        std::env::var("RUSTSTREAM_KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into());
+    // Configuration from the environment (README, "Connecting securely"):
+    // RUSTSTREAM_KAFKA_BROKERS, and SASL/TLS settings when the cluster asks for them.
+    let kafka = Kafka::from_env(&Env::new("RUSTSTREAM_KAFKA"))?;
     let suffix = std::process::id();
     let (orders, dead) = (
         format!("example-orders-{suffix}"),
         format!("example-orders-dead-{suffix}"),
     );
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", &brokers)
-        .create()?;
+    let admin: AdminClient<DefaultClientContext> = kafka.client_config().create()?;
     for result in admin
         .create_topics(
             &[
@@ -81,7 +81,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         result.map_err(|(topic, e)| format!("creating {topic}: {e}"))?;
     }
 
-    let kafka = Kafka::connect(&brokers)?;
     let subscription = |topic: &str, group: &str| {
         kafka
             .topic(topic)

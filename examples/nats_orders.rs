@@ -2,17 +2,17 @@
 //! delayed retries; exhausted orders go to a dead-letter subject), Core NATS for price
 //! requests (request/reply).
 //!
-//! Needs a nats-server with JetStream: `RUSTSTREAM_NATS_URL` (default
-//! `nats://127.0.0.1:4222`). Run it with `cargo run -p ruststream-nats --example nats_orders`.
+//! Needs a nats-server with JetStream: `RUSTSTREAM_NATS_URL=nats://127.0.0.1:4222`,
+//! plus credentials and TLS variables when the server asks (README, "Connecting securely"). Run it with `cargo run -p ruststream-nats --example nats_orders`.
 
 use std::time::Duration;
 
 use futures_util::StreamExt;
 
 use ruststream::{App, HandlerOutcome, Message, Meta, Publisher, ReplyTo, State, on};
-use ruststream_core::Secret;
+use ruststream_core::Env;
 use ruststream_nats::async_nats::jetstream::{self, stream};
-use ruststream_nats::{MessageId, Nats, async_nats};
+use ruststream_nats::{MessageId, Nats};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
@@ -57,21 +57,9 @@ async fn on_price(
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    // Configuration from the environment (README, "Connecting securely"): the address,
-    // then credentials and a CA bundle when the server asks for them.
-    let url =
-        std::env::var("RUSTSTREAM_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
-    let mut options = async_nats::ConnectOptions::new();
-    if let (Ok(user), Some(password)) = (
-        std::env::var("RUSTSTREAM_NATS_USER"),
-        Secret::from_env("RUSTSTREAM_NATS_PASSWORD"),
-    ) {
-        options = options.user_and_password(user, password.expose().to_owned());
-    }
-    if let Ok(ca) = std::env::var("RUSTSTREAM_NATS_CA") {
-        options = options.add_root_certificates(ca.into()).require_tls(true);
-    }
-    let nats = Nats::connect_with(&url, options).await?;
+    // Configuration from the environment (README, "Connecting securely"):
+    // RUSTSTREAM_NATS_URL, and credentials and TLS files when the server asks for them.
+    let nats = Nats::connect_from_env(&Env::new("RUSTSTREAM_NATS")).await?;
     let suffix = std::process::id();
     let (stream_name, orders, dead, prices) = (
         format!("EXAMPLE_ORDERS_{suffix}"),

@@ -3,7 +3,8 @@
 //! second subscription reading the dead letters (with `REAL_TOPIC` and
 //! `ORIGIN_MESSAGE_ID`).
 //!
-//! Needs a Pulsar broker: `RUSTSTREAM_PULSAR_URL` (default `pulsar://127.0.0.1:6650`).
+//! Needs a Pulsar broker: `RUSTSTREAM_PULSAR_URL=pulsar://127.0.0.1:6650`, plus
+//! `RUSTSTREAM_PULSAR_TOKEN`/`_CA` when the cluster asks (README, "Connecting securely").
 //! pulsar-lite, which the tests use, sends message frames the Rust client cannot decode
 //! without the tests' relay (see `crates/ruststream-test-support/src/pulsar_relay.rs`), so
 //! the test command compiles this example but does not run it.
@@ -12,6 +13,7 @@
 use std::time::Duration;
 
 use ruststream::{App, HandlerOutcome, Headers, Message, Meta, Publisher, State, on};
+use ruststream_core::Env;
 use ruststream_pulsar::{Pulsar, SubType};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
@@ -57,9 +59,9 @@ async fn on_dead_letter(
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let url =
-        std::env::var("RUSTSTREAM_PULSAR_URL").unwrap_or_else(|_| "pulsar://127.0.0.1:6650".into());
-    let pulsar = Pulsar::connect(&url).await?;
+    // Configuration from the environment (README, "Connecting securely"):
+    // RUSTSTREAM_PULSAR_URL, and RUSTSTREAM_PULSAR_TOKEN / _CA when the cluster asks.
+    let pulsar = Pulsar::connect_from_env(&Env::new("RUSTSTREAM_PULSAR")).await?;
     let suffix = std::process::id();
     let orders = format!("persistent://public/default/orders-{suffix}");
     let dead = format!("persistent://public/default/orders-dead-{suffix}");

@@ -174,13 +174,12 @@ impl Kafka {
     /// use ruststream_kafka::{Kafka, Sasl, Security, Tls};
     ///
     /// # fn run() -> Result<(), Box<dyn std::error::Error>> {
-    /// // From the environment: the address, the credentials, the CA bundle.
-    /// let password = Secret::from_env("KAFKA_PASSWORD").ok_or("KAFKA_PASSWORD is not set")?;
+    /// // In code; `Kafka::from_env` reads the same from the environment.
     /// let security = Security::SaslTls(
-    ///     Sasl::ScramSha512 { user: std::env::var("KAFKA_USER")?, password },
-    ///     Tls::with_ca(std::env::var("KAFKA_CA")?),
+    ///     Sasl::ScramSha512 { user: "billing".into(), password: Secret::new("s3cret") },
+    ///     Tls::with_ca("/etc/ssl/kafka-ca.pem"),
     /// );
-    /// let kafka = Kafka::with_security(&std::env::var("KAFKA_BROKERS")?, Default::default(), &security)?;
+    /// let kafka = Kafka::with_security("broker-1.internal:9093", Default::default(), &security)?;
     /// # Ok(()) }
     /// ```
     pub fn with_security(
@@ -192,6 +191,38 @@ impl Kafka {
             settings.insert(key.to_owned(), value);
         }
         Self::with_settings(brokers, settings)
+    }
+
+    /// A cluster from environment variables (the convention every transport shares,
+    /// [`Env`](ruststream_core::Env)): `{PREFIX}_BROKERS` (required) and the security
+    /// settings [`Security::from_env`] reads. A missing or unusable setting is an
+    /// [`EnvError`](ruststream_core::EnvError) naming the variables, never their values.
+    ///
+    /// ```no_run
+    /// use ruststream_core::Env;
+    /// let kafka = ruststream_kafka::Kafka::from_env(&Env::new("RUSTSTREAM_KAFKA"))?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn from_env(
+        env: &ruststream_core::Env,
+    ) -> Result<Self, ruststream_core::FromEnvError<SetupError>> {
+        let brokers = env.require("BROKERS")?;
+        let made = match Security::from_env(env)? {
+            Some(security) => Self::with_security(&brokers, BTreeMap::new(), &security),
+            None => Self::connect(&brokers),
+        };
+        made.map_err(ruststream_core::FromEnvError::Connect)
+    }
+
+    /// A librdkafka configuration with this cluster's brokers and settings (security
+    /// included), for clients of the caller's own: an admin client creating topics, say.
+    pub fn client_config(&self) -> ClientConfig {
+        let mut config = ClientConfig::new();
+        config.set("bootstrap.servers", &self.brokers);
+        for (key, value) in self.settings.iter() {
+            config.set(key, value);
+        }
+        config
     }
 
     /// How long each subscription waits at start for the cluster to answer (default

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use ruststream_core::Secret;
+use ruststream_core::{Env, EnvError, Secret};
 
 /// How the clients encrypt and authenticate: what a managed Kafka service asks for,
 /// typed, turned into librdkafka's `security.protocol`, `ssl.*` and `sasl.*` settings
@@ -97,6 +97,89 @@ pub enum Sasl {
 }
 
 impl Security {
+    /// The security settings in the environment (the convention every transport shares,
+    /// [`Env`]); `None` when none is set (plaintext). With `Env::new("RUSTSTREAM_KAFKA")`:
+    ///
+    /// | variable | meaning |
+    /// |---|---|
+    /// | `RUSTSTREAM_KAFKA_SASL_MECHANISM` | `PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512` |
+    /// | `RUSTSTREAM_KAFKA_USER` + `_PASSWORD` | SASL credentials (with a mechanism) |
+    /// | `RUSTSTREAM_KAFKA_TLS` | `true`: TLS, trusting the system's CAs |
+    /// | `RUSTSTREAM_KAFKA_CA` | CA bundle (PEM) to trust; implies TLS |
+    /// | `RUSTSTREAM_KAFKA_CERT` + `_KEY` | client certificate and key (PEM); imply TLS |
+    /// | `RUSTSTREAM_KAFKA_KEY_PASSWORD` | the key's password |
+    ///
+    /// ```
+    /// use ruststream_core::Env;
+    /// use ruststream_kafka::{Sasl, Security, Tls};
+    ///
+    /// let env = Env::from_pairs("K", [
+    ///     ("K_SASL_MECHANISM", "SCRAM-SHA-512"), ("K_USER", "billing"),
+    ///     ("K_PASSWORD", "s3cret"), ("K_CA", "/etc/ssl/kafka-ca.pem"),
+    /// ]);
+    /// let Some(Security::SaslTls(Sasl::ScramSha512 { user, .. }, tls)) = Security::from_env(&env)? else {
+    ///     panic!("SASL over TLS")
+    /// };
+    /// assert_eq!((user.as_str(), tls), ("billing", Tls::with_ca("/etc/ssl/kafka-ca.pem")));
+    /// # Ok::<(), ruststream_core::EnvError>(())
+    /// ```
+    pub fn from_env(env: &Env) -> Result<Option<Self>, EnvError> {
+        let credentials = env.both("USER", "PASSWORD")?;
+        let sasl = match (env.get("SASL_MECHANISM"), credentials) {
+            (None, None) => None,
+            (Some(mechanism), Some((user, password))) => {
+                let password = Secret::new(password);
+                Some(match mechanism.to_ascii_uppercase().as_str() {
+                    "PLAIN" => Sasl::Plain { user, password },
+                    "SCRAM-SHA-256" => Sasl::ScramSha256 { user, password },
+                    "SCRAM-SHA-512" => Sasl::ScramSha512 { user, password },
+                    _ => {
+                        return Err(env.invalid(
+                            &["SASL_MECHANISM"],
+                            format!("`{mechanism}` is none of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512"),
+                        ));
+                    }
+                })
+            }
+            (Some(_), None) => {
+                return Err(env.invalid(
+                    &["SASL_MECHANISM", "USER", "PASSWORD"],
+                    "set the user and password too".into(),
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(env.invalid(
+                    &["USER", "PASSWORD", "SASL_MECHANISM"],
+                    "set the mechanism too (PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512)".into(),
+                ));
+            }
+        };
+        let client = env.both("CERT", "KEY")?;
+        let wants_tls = match env.get("TLS").map(|v| v.to_ascii_lowercase()) {
+            None => false,
+            Some(v) if v == "true" || v == "1" => true,
+            Some(v) if v == "false" || v == "0" => false,
+            Some(v) => {
+                return Err(env.invalid(&["TLS"], format!("`{v}` is neither true nor false")));
+            }
+        };
+        let tls = (wants_tls || env.get("CA").is_some() || client.is_some()).then(|| {
+            let (certificate, key) = client.map(|(c, k)| (c.into(), k.into())).unzip();
+            Tls {
+                ca: env.path("CA"),
+                certificate,
+                key,
+                key_password: env.secret("KEY_PASSWORD"),
+            }
+        });
+        Ok(match (sasl, tls) {
+            (None, None) => None,
+            (Some(sasl), None) => Some(Self::Sasl(sasl)),
+            (None, Some(tls)) => Some(Self::Tls(tls)),
+            (Some(sasl), Some(tls)) => Some(Self::SaslTls(sasl, tls)),
+        })
+    }
+
     /// The librdkafka settings these stand for.
     pub(crate) fn settings(&self) -> Vec<(&'static str, String)> {
         let (protocol, sasl, tls) = match self {
@@ -167,5 +250,74 @@ mod tests {
                 ("sasl.mechanism", "PLAIN".to_owned())
             ]
         );
+    }
+}
+
+#[cfg(test)]
+mod from_env {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Env {
+        Env::from_pairs("K", pairs.iter().map(|(k, v)| (format!("K_{k}"), *v)))
+    }
+
+    #[test]
+    fn nothing_set_is_plaintext_and_each_kind_reads_as_typed() {
+        assert_eq!(Security::from_env(&env(&[])).unwrap(), None);
+        assert_eq!(
+            Security::from_env(&env(&[("TLS", "true")])).unwrap(),
+            Some(Security::Tls(Tls::default()))
+        );
+        let sasl = env(&[
+            ("SASL_MECHANISM", "plain"),
+            ("USER", "u"),
+            ("PASSWORD", "p"),
+        ]);
+        assert_eq!(
+            Security::from_env(&sasl).unwrap(),
+            Some(Security::Sasl(Sasl::Plain {
+                user: "u".into(),
+                password: Secret::new("p")
+            }))
+        );
+        let mutual = env(&[
+            ("CERT", "/c.pem"),
+            ("KEY", "/k.pem"),
+            ("KEY_PASSWORD", "kp"),
+        ]);
+        let Some(Security::Tls(tls)) = Security::from_env(&mutual).unwrap() else {
+            panic!("a client certificate implies TLS");
+        };
+        assert_eq!(
+            (tls.certificate, tls.key, tls.key_password),
+            (
+                Some("/c.pem".into()),
+                Some("/k.pem".into()),
+                Some(Secret::new("kp"))
+            )
+        );
+    }
+
+    #[test]
+    fn unusable_settings_name_the_variables_and_never_the_password() {
+        let cases: [(&[(&str, &str)], &str); 4] = [
+            (&[("USER", "u"), ("PASSWORD", "pw-91")], "K_SASL_MECHANISM"),
+            (
+                &[
+                    ("SASL_MECHANISM", "GSSAPI"),
+                    ("USER", "u"),
+                    ("PASSWORD", "pw-91"),
+                ],
+                "GSSAPI",
+            ),
+            (&[("SASL_MECHANISM", "PLAIN")], "K_USER"),
+            (&[("USER", "u")], "set K_PASSWORD too"),
+        ];
+        for (pairs, named) in cases {
+            let error = Security::from_env(&env(pairs)).unwrap_err();
+            let shown = format!("{error} {error:?}");
+            assert!(shown.contains(named), "{pairs:?}: {shown}");
+            assert!(!shown.contains("pw-91"), "{shown}");
+        }
     }
 }

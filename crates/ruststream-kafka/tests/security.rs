@@ -22,14 +22,7 @@ const PASSWORD: &str = "kafka-pw-5d81c0";
 /// A CA certificate in a PEM file (librdkafka loads `ssl.ca.location` when the client is
 /// made, so it must be a real one).
 fn ca_file() -> std::path::PathBuf {
-    use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
-    let key = KeyPair::generate().expect("key");
-    let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca = params.self_signed(&key).expect("CA");
-    let path = std::env::temp_dir().join(format!("{}.pem", unique("kafka-ca")));
-    std::fs::write(&path, ca.pem()).expect("CA file");
-    path
+    ruststream_test_support::ca_pem_file("kafka-ca")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -95,4 +88,37 @@ async fn a_failed_authenticated_start_never_prints_the_password() {
         "log lines hold the password:\n{}",
         holding.join("\n")
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settings_from_the_environment_reach_the_client() {
+    use ruststream_core::{Env, EnvError, FromEnvError};
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("listen");
+    let address = listener.local_addr().expect("address").to_string();
+    let ca = ca_file();
+    let env = Env::from_pairs(
+        "ORDERS_KAFKA",
+        [
+            ("ORDERS_KAFKA_BROKERS", address.as_str()),
+            ("ORDERS_KAFKA_CA", ca.to_str().expect("UTF-8 path")),
+        ],
+    );
+    let kafka = Kafka::from_env(&env).expect("a client with TLS from the environment");
+    let publisher = kafka.publisher();
+    let sending = tokio::spawn(async move {
+        let _ = publisher
+            .send("orders", None, &Default::default(), b"x", None)
+            .await;
+    });
+    assert_tls_client_hello(&listener).await;
+    sending.abort();
+
+    let missing = Kafka::from_env(&Env::from_pairs(
+        "ORDERS_KAFKA",
+        [("ORDERS_KAFKA_CA", "/ca.pem")],
+    ));
+    let Err(FromEnvError::Env(EnvError::Missing { variable })) = missing else {
+        panic!("no brokers is refused: {missing:?}");
+    };
+    assert_eq!(variable, "ORDERS_KAFKA_BROKERS");
 }

@@ -223,6 +223,68 @@ impl Nats {
         Ok(Self { client, drops })
     }
 
+    /// Connects with settings from environment variables (the convention every
+    /// transport shares, [`Env`](ruststream_core::Env)), so a service moves between
+    /// clusters without a code change. With `Env::new("RUSTSTREAM_NATS")`:
+    ///
+    /// | variable | meaning |
+    /// |---|---|
+    /// | `RUSTSTREAM_NATS_URL` | the server(s), required |
+    /// | `RUSTSTREAM_NATS_USER` + `_PASSWORD` | user and password |
+    /// | `RUSTSTREAM_NATS_TOKEN` | a token |
+    /// | `RUSTSTREAM_NATS_NKEY` | an nkey seed (`SU...`) |
+    /// | `RUSTSTREAM_NATS_CREDS` | a `.creds` file (user JWT and seed) |
+    /// | `RUSTSTREAM_NATS_CA` | CA bundle (PEM) to trust; TLS is then required |
+    /// | `RUSTSTREAM_NATS_CERT` + `_KEY` | client certificate and key (PEM) |
+    ///
+    /// At most one kind of credentials; a missing half of a pair, several kinds, or an
+    /// unreadable `.creds` file is an [`EnvError`](ruststream_core::EnvError) naming the
+    /// variables (never their values).
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use ruststream_core::Env;
+    /// let nats = ruststream_nats::Nats::connect_from_env(&Env::new("RUSTSTREAM_NATS")).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect_from_env(
+        env: &ruststream_core::Env,
+    ) -> Result<Self, ruststream_core::FromEnvError<ConnectError>> {
+        let url = env.require("URL")?;
+        let mut options =
+            async_nats::ConnectOptions::new().connection_timeout(DEFAULT_CONNECT_TIMEOUT);
+        // A user without a password (or the reverse) is refused by `both`, whichever
+        // other kind is set; the password stands for the pair among the kinds.
+        let user = env.both("USER", "PASSWORD")?;
+        options = match env.one_of(&["PASSWORD", "TOKEN", "NKEY", "CREDS"])? {
+            Some("PASSWORD") => {
+                let (user, password) = user.unwrap_or_default();
+                options.user_and_password(user, password)
+            }
+            Some("TOKEN") => options.token(env.require("TOKEN")?),
+            Some("NKEY") => options.nkey(env.require("NKEY")?),
+            Some(_) => {
+                let path = env.require("CREDS")?;
+                options.credentials_file(&path).await.map_err(|e| {
+                    env.invalid(
+                        &["CREDS"],
+                        format!("cannot read the credentials file `{path}`: {e}"),
+                    )
+                })?
+            }
+            None => options,
+        };
+        if let Some(ca) = env.path("CA") {
+            options = options.add_root_certificates(ca).require_tls(true);
+        }
+        if let Some((certificate, key)) = env.both("CERT", "KEY")? {
+            options = options.add_client_certificate(certificate.into(), key.into());
+        }
+        Self::connect_with(&url, options)
+            .await
+            .map_err(ruststream_core::FromEnvError::Connect)
+    }
+
     /// Wraps a client configured by the caller (its slow-consumer events are the
     /// caller's to watch).
     pub fn from_client(client: async_nats::Client) -> Self {

@@ -305,3 +305,122 @@ async fn a_token_connects_and_a_wrong_one_is_refused_without_being_printed() {
     assert_no_line_holds(token);
     assert_no_line_holds(wrong);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_nkey_connects_and_another_is_refused_without_its_seed_printed() {
+    capture_logs("debug,async_nats=debug");
+    let user = nkeys::KeyPair::new_user();
+    let stranger = nkeys::KeyPair::new_user();
+    let config = std::env::temp_dir().join(format!("{}.conf", unique("nats-nkey")));
+    std::fs::write(
+        &config,
+        format!(
+            "authorization {{ users = [ {{ nkey: {} }} ] }}\n",
+            user.public_key()
+        ),
+    )
+    .expect("config");
+    let server = nats_server(&[std::ffi::OsStr::new("-c"), config.as_os_str()]).await;
+    let url = format!("nats://{}", server.address);
+    let seed = Secret::new(user.seed().expect("seed"));
+    let options = |seed: &Secret| {
+        async_nats::ConnectOptions::with_nkey(seed.expose().to_owned())
+            .connection_timeout(Duration::from_secs(5))
+    };
+    let nats = Nats::connect_with(&url, options(&seed))
+        .await
+        .expect("the user's nkey connects");
+    let subject = unique("nkey.in");
+    let mut subscription = nats
+        .client()
+        .subscribe(subject.clone())
+        .await
+        .expect("subscribes");
+    nats.client()
+        .publish(subject, "signed in".into())
+        .await
+        .expect("publishes");
+    let got = tokio::time::timeout(Duration::from_secs(5), futures_next(&mut subscription))
+        .await
+        .expect("a message within 5 s");
+    assert_eq!(&got[..], b"signed in");
+
+    let other = Secret::new(stranger.seed().expect("seed"));
+    let error = Nats::connect_with(&url, options(&other))
+        .await
+        .expect_err("an nkey the server does not know is refused");
+    let shown = format!("{error} {error:?}");
+    assert!(shown.to_lowercase().contains("authorization"), "{shown}");
+    assert!(shown.contains(&server.address), "{shown}");
+    for secret in [seed.expose(), other.expose()] {
+        assert!(!shown.contains(secret), "{shown}");
+        assert_no_line_holds(secret);
+    }
+    let _ = std::fs::remove_file(config);
+}
+
+async fn futures_next(subscription: &mut async_nats::Subscriber) -> bytes::Bytes {
+    use futures_util::StreamExt;
+    subscription.next().await.expect("subscribed").payload
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settings_from_the_environment_connect_and_name_what_is_missing() {
+    use ruststream_core::{Env, EnvError, FromEnvError};
+    let server = server_with_password().await;
+    let url = format!("nats://{}", server.address);
+    let env = |pairs: &[(&str, &str)]| {
+        Env::from_pairs(
+            "ORDERS_NATS",
+            pairs.iter().map(|(k, v)| (format!("ORDERS_NATS_{k}"), *v)),
+        )
+    };
+    let nats = Nats::connect_from_env(&env(&[
+        ("URL", &url),
+        ("USER", USER),
+        ("PASSWORD", PASSWORD),
+    ]))
+    .await
+    .expect("the right credentials from the environment connect");
+    nats.client().flush().await.expect("a round trip");
+
+    let Err(FromEnvError::Env(EnvError::Invalid { variables, .. })) =
+        Nats::connect_from_env(&env(&[("URL", &url), ("USER", USER)])).await
+    else {
+        panic!("a user without a password is refused before connecting");
+    };
+    assert_eq!(variables, "ORDERS_NATS_USER, ORDERS_NATS_PASSWORD");
+    let Err(FromEnvError::Env(EnvError::Missing { variable })) =
+        Nats::connect_from_env(&env(&[("USER", USER), ("PASSWORD", PASSWORD)])).await
+    else {
+        panic!("no URL is refused");
+    };
+    assert_eq!(variable, "ORDERS_NATS_URL");
+    let refused = Nats::connect_from_env(&env(&[
+        ("URL", &url),
+        ("USER", USER),
+        ("PASSWORD", PASSWORD),
+        ("TOKEN", WRONG),
+    ]))
+    .await
+    .expect_err("two kinds of credentials");
+    let shown = format!("{refused} {refused:?}");
+    assert!(
+        shown.contains("ORDERS_NATS_PASSWORD, ORDERS_NATS_TOKEN"),
+        "{shown}"
+    );
+    assert!(
+        !shown.contains(WRONG) && !shown.contains(PASSWORD),
+        "{shown}"
+    );
+
+    let wrong = Nats::connect_from_env(&env(&[("URL", &url), ("USER", USER), ("PASSWORD", WRONG)]))
+        .await
+        .expect_err("a wrong password is refused by the server");
+    assert!(matches!(wrong, FromEnvError::Connect(_)), "{wrong:?}");
+    let shown = format!("{wrong} {wrong:?}");
+    assert!(
+        shown.contains(&server.address) && !shown.contains(WRONG),
+        "{shown}"
+    );
+}

@@ -79,6 +79,7 @@
 
 mod descriptor;
 mod publish;
+mod security;
 pub mod subscription;
 
 pub use descriptor::PulsarTopic;
@@ -86,6 +87,7 @@ pub use publish::PulsarPublisher;
 pub use pulsar;
 pub use pulsar::message::proto::command_subscribe::SubType;
 pub use ruststream_core::StartAt;
+pub use security::Security;
 
 use ruststream_core::Cause;
 
@@ -134,16 +136,60 @@ impl Pulsar {
         url: &str,
         timeout: std::time::Duration,
     ) -> Result<Self, ConnectError> {
+        Self::connect_with(url, &Security::none(), timeout).await
+    }
+
+    /// Connects to `url` with a token and/or TLS trust ([`Security`]), failing after
+    /// `timeout`. The token goes only to the client; errors print the URL masked.
+    ///
+    /// ```no_run
+    /// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+    /// use ruststream_core::Secret;
+    /// use ruststream_pulsar::{Pulsar, Security};
+    ///
+    /// let security = Security::token(Secret::new("eyJhbGciOi...")).with_ca("/etc/ssl/pulsar-ca.pem");
+    /// let url = "pulsar+ssl://pulsar.internal:6651";
+    /// let pulsar = Pulsar::connect_with(url, &security, ruststream_pulsar::DEFAULT_CONNECT_TIMEOUT).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect_with(
+        url: &str,
+        security: &Security,
+        timeout: std::time::Duration,
+    ) -> Result<Self, ConnectError> {
         let fail = |source: Cause| ConnectError {
             url: ruststream_core::redact_url(url).into_owned(),
             source,
         };
-        let build = pulsar::Pulsar::builder(url, pulsar::TokioExecutor).build();
+        let builder = security
+            .apply(pulsar::Pulsar::builder(url, pulsar::TokioExecutor))
+            .map_err(|e| fail(Cause::new(e)))?;
+        let build = builder.build();
         let client = tokio::time::timeout(timeout, build)
             .await
             .map_err(|_| fail(Cause::new(format!("no answer within {timeout:?}"))))?
             .map_err(|e| fail(Cause::new(e)))?;
         Ok(Self::from_client(client))
+    }
+
+    /// Connects with settings from environment variables (the convention every
+    /// transport shares, [`Env`](ruststream_core::Env)): `{PREFIX}_URL` (required) and
+    /// the token and CA bundle [`Security::from_env`] reads; fails after
+    /// [`DEFAULT_CONNECT_TIMEOUT`].
+    ///
+    /// ```no_run
+    /// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+    /// use ruststream_core::Env;
+    /// let pulsar = ruststream_pulsar::Pulsar::connect_from_env(&Env::new("RUSTSTREAM_PULSAR")).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect_from_env(
+        env: &ruststream_core::Env,
+    ) -> Result<Self, ruststream_core::FromEnvError<ConnectError>> {
+        let url = env.require("URL")?;
+        Self::connect_with(&url, &Security::from_env(env), DEFAULT_CONNECT_TIMEOUT)
+            .await
+            .map_err(ruststream_core::FromEnvError::Connect)
     }
 
     /// Like [`Pulsar::connect`], but a broker that does not answer is waited for (SPEC G7,

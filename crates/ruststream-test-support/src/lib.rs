@@ -287,3 +287,17 @@ pub async fn assert_tls_client_hello(listener: &tokio::net::TcpListener) {
         &bytes[..n]
     );
 }
+
+/// A self-signed CA certificate written to a PEM file of its own under the temp dir:
+/// what a client told to trust a CA bundle loads (some load it when made, so it must be a
+/// real certificate).
+pub fn ca_pem_file(prefix: &str) -> std::path::PathBuf {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+    let key = KeyPair::generate().expect("key");
+    let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = params.self_signed(&key).expect("CA");
+    let path = std::env::temp_dir().join(format!("{prefix}-{}.pem", unique_suffix()));
+    std::fs::write(&path, ca.pem()).expect("CA file");
+    path
+}
