@@ -5,8 +5,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use rdkafka::ClientContext;
+use rdkafka::client::OAuthToken;
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::consumer::{BaseConsumer, ConsumerContext, Rebalance};
+
+use crate::security::OAuthBearer;
 
 /// Counts partition moves: every assign or revoke of a partition raises its generation,
 /// and any move raises the epoch, which the subscription checks cheaply per record.
@@ -43,12 +46,27 @@ impl Moves {
     }
 }
 
-/// The consumer context: records partition moves.
-pub(crate) struct TrackingContext {
-    pub(crate) moves: std::sync::Arc<Moves>,
+/// The context of every client this crate makes: librdkafka's log lines go to `tracing`
+/// (target `librdkafka`), and OAUTHBEARER tokens come from the caller's callback
+/// ([`Sasl::OAuthBearer`](crate::Sasl::OAuthBearer)). The producer's type names it.
+#[derive(Debug, Clone, Default)]
+pub struct KafkaContext {
+    oauth: Option<OAuthBearer>,
 }
 
-impl ClientContext for TrackingContext {
+impl KafkaContext {
+    pub(crate) fn new(oauth: Option<OAuthBearer>) -> Self {
+        Self { oauth }
+    }
+
+    pub(crate) fn has_token_callback(&self) -> bool {
+        self.oauth.is_some()
+    }
+}
+
+impl ClientContext for KafkaContext {
+    const ENABLE_REFRESH_OAUTH_TOKEN: bool = true;
+
     fn log(&self, level: RDKafkaLogLevel, facility: &str, message: &str) {
         match level {
             RDKafkaLogLevel::Emerg
@@ -63,6 +81,41 @@ impl ClientContext for TrackingContext {
             }
             RDKafkaLogLevel::Debug => tracing::debug!(target: "librdkafka", facility, "{message}"),
         }
+    }
+
+    fn generate_oauth_token(
+        &self,
+        _oauthbearer_config: Option<&str>,
+    ) -> Result<OAuthToken, Box<dyn std::error::Error>> {
+        match &self.oauth {
+            Some(tokens) => Ok(tokens.token()?),
+            None => Err("sasl.mechanism is OAUTHBEARER but no token callback was given: use Sasl::OAuthBearer".into()),
+        }
+    }
+}
+
+/// For consumers of the caller's own (and this crate's metadata probe): nothing beyond
+/// librdkafka's defaults.
+impl ConsumerContext for KafkaContext {}
+
+/// The consumer context: records partition moves.
+pub(crate) struct TrackingContext {
+    pub(crate) moves: std::sync::Arc<Moves>,
+    pub(crate) base: KafkaContext,
+}
+
+impl ClientContext for TrackingContext {
+    const ENABLE_REFRESH_OAUTH_TOKEN: bool = true;
+
+    fn log(&self, level: RDKafkaLogLevel, facility: &str, message: &str) {
+        self.base.log(level, facility, message);
+    }
+
+    fn generate_oauth_token(
+        &self,
+        oauthbearer_config: Option<&str>,
+    ) -> Result<OAuthToken, Box<dyn std::error::Error>> {
+        self.base.generate_oauth_token(oauthbearer_config)
     }
 }
 

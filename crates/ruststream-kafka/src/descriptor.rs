@@ -10,7 +10,7 @@ use ruststream_core::{Capabilities, Declaration, Descriptor, Publish, StartAt, S
 
 use crate::Kafka;
 use crate::config::{Commit, Settings};
-use crate::context::{Moves, TrackingContext};
+use crate::context::{KafkaContext, Moves, TrackingContext};
 use crate::eos::EosPipeline;
 use crate::subscription::KafkaSubscription;
 use crate::window::Window;
@@ -113,18 +113,23 @@ impl Source {
 
     async fn answers_within(&self, timeout: Duration) -> Result<(), SubscribeError> {
         let brokers = self.kafka.brokers().to_owned();
-        let mut config = ClientConfig::new();
-        config.set("bootstrap.servers", &brokers);
-        for (key, value) in self.kafka.settings().iter() {
-            config.set(key, value);
-        }
+        let mut config = self.kafka.client_config();
         config.set_log_level(RDKafkaLogLevel::Critical);
-        let probe: Result<rdkafka::consumer::BaseConsumer, _> = config.create();
+        let probe: Result<rdkafka::consumer::BaseConsumer<KafkaContext>, _> =
+            config.create_with_context(self.kafka.context());
         let probe = probe.map_err(|e| SubscribeError::new(&self.address, e))?;
+        let serve_token = self.kafka.context().has_token_callback();
         let answer = crate::close::off_runtime(
             "ask the Kafka cluster for its metadata",
             timeout + Duration::from_secs(1),
-            move || probe.fetch_metadata(None, timeout).map(drop),
+            move || {
+                if serve_token {
+                    // librdkafka asks for an OAUTHBEARER token through an event that only
+                    // a poll serves, and connects only once it has one.
+                    let _ = probe.poll(Duration::from_millis(200));
+                }
+                probe.fetch_metadata(None, timeout).map(drop)
+            },
         )
         .await;
         match answer {
@@ -203,6 +208,7 @@ impl Source {
             .client_config()
             .create_with_context(TrackingContext {
                 moves: Arc::clone(&moves),
+                base: self.kafka.context(),
             })
             .map_err(fail)?;
         match &self.selection {

@@ -28,6 +28,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
+use crate::context::KafkaContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::KafkaError;
 use rdkafka::message::OwnedHeaders;
@@ -76,7 +77,7 @@ pub(crate) struct Pipeline {
     pub(crate) id: String,
     kafka: Kafka,
     pub(crate) commit_interval: Mutex<Duration>,
-    pub(crate) producer: OnceLock<Arc<FutureProducer>>,
+    pub(crate) producer: OnceLock<Arc<FutureProducer<KafkaContext>>>,
     /// Publishers hold it shared while a record is in flight; closing a window holds it
     /// alone, so no record straddles two transactions.
     pub(crate) gate: Arc<RwLock<()>>,
@@ -145,7 +146,7 @@ impl Pipeline {
 
     /// Creates the transactional producer, fences older producers with the same id, and
     /// opens the first transaction. Blocking: run off the async runtime.
-    pub(crate) fn start(&self) -> Result<Arc<FutureProducer>, KafkaError> {
+    pub(crate) fn start(&self) -> Result<Arc<FutureProducer<KafkaContext>>, KafkaError> {
         let mut config = ClientConfig::new();
         config
             .set("bootstrap.servers", self.kafka.brokers())
@@ -154,7 +155,8 @@ impl Pipeline {
         for (key, value) in self.kafka.settings() {
             config.set(key, value);
         }
-        let producer: FutureProducer = config.create()?;
+        let producer: FutureProducer<KafkaContext> =
+            config.create_with_context(self.kafka.context())?;
         producer.init_transactions(TRANSACTION_TIMEOUT)?;
         producer.begin_transaction()?;
         let producer = Arc::new(producer);

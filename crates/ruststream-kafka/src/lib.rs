@@ -90,6 +90,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 pub use config::{AUTO_CAPABILITIES, Commit, TRACKED_CAPABILITIES, TRANSACTIONAL_CAPABILITIES};
+pub use context::KafkaContext;
 pub use descriptor::{DEFAULT_CLOSE_TIMEOUT, KafkaPartitions, KafkaTopic, KafkaTopics};
 pub use eos::{DEFAULT_COMMIT_INTERVAL, EosPipeline, EosPublisher, WindowReport};
 pub use publish::{DELIVERY_TIMEOUT, KafkaPublisher, Landed, Partition};
@@ -98,14 +99,15 @@ pub use rdkafka::Offset;
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::FutureProducer;
 pub use ruststream_core::StartAt;
-pub use security::{Sasl, Security, Tls};
+pub use security::{BearerToken, OAuthBearer, Sasl, Security, Tls};
 
 /// A Kafka cluster: its address, settings shared by every client, and one producer.
 #[derive(Clone)]
 pub struct Kafka {
     brokers: String,
     settings: Arc<BTreeMap<String, String>>,
-    producer: Arc<FutureProducer>,
+    producer: Arc<FutureProducer<KafkaContext>>,
+    context: KafkaContext,
     connect_timeout: std::time::Duration,
     wait_for_cluster: Option<std::time::Duration>,
 }
@@ -148,19 +150,25 @@ impl Kafka {
         brokers: &str,
         settings: BTreeMap<String, String>,
     ) -> Result<Self, SetupError> {
-        let mut config = ClientConfig::new();
-        config.set("bootstrap.servers", brokers);
-        for (key, value) in &settings {
-            config.set(key, value);
-        }
-        let producer: FutureProducer = config.create().map_err(|source| SetupError {
-            brokers: brokers.to_owned(),
-            source,
-        })?;
+        Self::made(brokers, settings, KafkaContext::default())
+    }
+
+    fn made(
+        brokers: &str,
+        settings: BTreeMap<String, String>,
+        context: KafkaContext,
+    ) -> Result<Self, SetupError> {
+        let producer = config_for(brokers, &settings)
+            .create_with_context(context.clone())
+            .map_err(|source| SetupError {
+                brokers: brokers.to_owned(),
+                source,
+            })?;
         Ok(Self {
             brokers: brokers.to_owned(),
             settings: Arc::new(settings),
             producer: Arc::new(producer),
+            context,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             wait_for_cluster: None,
         })
@@ -190,7 +198,11 @@ impl Kafka {
         for (key, value) in security.settings() {
             settings.insert(key.to_owned(), value);
         }
-        Self::with_settings(brokers, settings)
+        Self::made(
+            brokers,
+            settings,
+            KafkaContext::new(security.oauth().cloned()),
+        )
     }
 
     /// A cluster from environment variables (the convention every transport shares,
@@ -216,13 +228,15 @@ impl Kafka {
 
     /// A librdkafka configuration with this cluster's brokers and settings (security
     /// included), for clients of the caller's own: an admin client creating topics, say.
+    /// With [`Sasl::OAuthBearer`], create it with [`Kafka::context`] so it gets tokens.
     pub fn client_config(&self) -> ClientConfig {
-        let mut config = ClientConfig::new();
-        config.set("bootstrap.servers", &self.brokers);
-        for (key, value) in self.settings.iter() {
-            config.set(key, value);
-        }
-        config
+        config_for(&self.brokers, &self.settings)
+    }
+
+    /// The context this crate's clients are made with (librdkafka's logs to `tracing`,
+    /// OAUTHBEARER tokens from the callback), for `client_config().create_with_context(..)`.
+    pub fn context(&self) -> KafkaContext {
+        self.context.clone()
     }
 
     /// How long each subscription waits at start for the cluster to answer (default
@@ -298,4 +312,14 @@ impl Kafka {
     pub fn publish_handle(&self) -> Arc<dyn ruststream_core::Publish> {
         Arc::new(self.publisher())
     }
+}
+
+/// librdkafka's configuration for `brokers` with `settings`.
+fn config_for(brokers: &str, settings: &BTreeMap<String, String>) -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config.set("bootstrap.servers", brokers);
+    for (key, value) in settings {
+        config.set(key, value);
+    }
+    config
 }

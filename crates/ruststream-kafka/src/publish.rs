@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::context::KafkaContext;
 use bytes::Bytes;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -14,7 +15,7 @@ pub const DELIVERY_TIMEOUT: Duration = Duration::from_secs(30);
 /// Produces records and waits for the broker's delivery report. Cheap to clone.
 #[derive(Clone)]
 pub struct KafkaPublisher {
-    producer: Arc<FutureProducer>,
+    producer: Arc<FutureProducer<KafkaContext>>,
 }
 
 impl std::fmt::Debug for KafkaPublisher {
@@ -39,7 +40,7 @@ pub struct Landed {
 }
 
 impl KafkaPublisher {
-    pub(crate) fn new(producer: Arc<FutureProducer>) -> Self {
+    pub(crate) fn new(producer: Arc<FutureProducer<KafkaContext>>) -> Self {
         Self { producer }
     }
 
@@ -73,7 +74,7 @@ impl KafkaPublisher {
     }
 
     /// The underlying producer.
-    pub fn producer(&self) -> &FutureProducer {
+    pub fn producer(&self) -> &FutureProducer<KafkaContext> {
         &self.producer
     }
 }

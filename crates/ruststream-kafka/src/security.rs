@@ -1,6 +1,8 @@
 //! Encryption and authentication, typed, turned into librdkafka's settings.
 
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::SystemTime;
 
 use ruststream_core::{Env, EnvError, Secret};
 
@@ -68,8 +70,7 @@ impl Tls {
     }
 }
 
-/// A SASL mechanism and its credentials. (OAUTHBEARER needs a token callback, which
-/// `Kafka::with_settings` does not carry: not offered yet.)
+/// A SASL mechanism and its credentials.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Sasl {
@@ -94,7 +95,80 @@ pub enum Sasl {
         /// The password.
         password: Secret,
     },
+    /// `OAUTHBEARER`: tokens from a callback of the caller's (an identity provider's
+    /// client), asked for when a client starts and again before each token expires.
+    OAuthBearer(OAuthBearer),
 }
+
+/// The token callback of [`Sasl::OAuthBearer`]. librdkafka calls it from its own thread,
+/// so it must not block for long; a failure is logged by librdkafka and asked again.
+///
+/// ```
+/// use std::time::{Duration, SystemTime};
+/// use ruststream_core::Secret;
+/// use ruststream_kafka::{BearerToken, OAuthBearer, Sasl, Security, Tls};
+///
+/// let tokens = OAuthBearer::new(|| {
+///     // Ask the identity provider here.
+///     Ok(BearerToken {
+///         token: Secret::new("eyJhbGciOi..."),
+///         principal: "billing".into(),
+///         expires_at: SystemTime::now() + Duration::from_secs(3600),
+///     })
+/// });
+/// let security = Security::SaslTls(Sasl::OAuthBearer(tokens), Tls::default());
+/// ```
+#[derive(Clone)]
+pub struct OAuthBearer(Arc<TokenFn>);
+
+type TokenFn = dyn Fn() -> Result<BearerToken, String> + Send + Sync;
+
+/// One OAUTHBEARER token and what librdkafka needs to know about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BearerToken {
+    /// The token (a JWT, usually).
+    pub token: Secret,
+    /// The Kafka principal it stands for.
+    pub principal: String,
+    /// When it expires; librdkafka asks for the next one before.
+    pub expires_at: SystemTime,
+}
+
+impl OAuthBearer {
+    /// Tokens from `callback`; an `Err` is the reason no token could be had.
+    pub fn new(callback: impl Fn() -> Result<BearerToken, String> + Send + Sync + 'static) -> Self {
+        Self(Arc::new(callback))
+    }
+
+    /// A token, in librdkafka's terms.
+    pub(crate) fn token(&self) -> Result<rdkafka::client::OAuthToken, String> {
+        let token = (self.0)()?;
+        let expires = token
+            .expires_at
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_err(|_| "the token expired before 1970".to_owned())?;
+        Ok(rdkafka::client::OAuthToken {
+            token: token.token.expose().to_owned(),
+            principal_name: token.principal,
+            lifetime_ms: i64::try_from(expires.as_millis()).unwrap_or(i64::MAX),
+        })
+    }
+}
+
+impl std::fmt::Debug for OAuthBearer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OAuthBearer(<callback>)")
+    }
+}
+
+/// The same callback (the same `OAuthBearer` or a clone of it).
+impl PartialEq for OAuthBearer {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for OAuthBearer {}
 
 impl Security {
     /// The security settings in the environment (the convention every transport shares,
@@ -136,7 +210,10 @@ impl Security {
                     _ => {
                         return Err(env.invalid(
                             &["SASL_MECHANISM"],
-                            format!("`{mechanism}` is none of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512"),
+                            format!(
+                                "`{mechanism}` is none of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 \
+                                 (OAUTHBEARER takes a token callback: Sasl::OAuthBearer, in code)"
+                            ),
                         ));
                     }
                 })
@@ -180,6 +257,16 @@ impl Security {
         })
     }
 
+    /// The OAUTHBEARER token callback, if these use one.
+    pub(crate) fn oauth(&self) -> Option<&OAuthBearer> {
+        match self {
+            Self::Sasl(Sasl::OAuthBearer(tokens)) | Self::SaslTls(Sasl::OAuthBearer(tokens), _) => {
+                Some(tokens)
+            }
+            _ => None,
+        }
+    }
+
     /// The librdkafka settings these stand for.
     pub(crate) fn settings(&self) -> Vec<(&'static str, String)> {
         let (protocol, sasl, tls) = match self {
@@ -189,14 +276,17 @@ impl Security {
         };
         let mut settings = vec![("security.protocol", protocol.to_owned())];
         if let Some(sasl) = sasl {
-            let (mechanism, user, password) = match sasl {
-                Sasl::Plain { user, password } => ("PLAIN", user, password),
-                Sasl::ScramSha256 { user, password } => ("SCRAM-SHA-256", user, password),
-                Sasl::ScramSha512 { user, password } => ("SCRAM-SHA-512", user, password),
+            let (mechanism, credentials) = match sasl {
+                Sasl::Plain { user, password } => ("PLAIN", Some((user, password))),
+                Sasl::ScramSha256 { user, password } => ("SCRAM-SHA-256", Some((user, password))),
+                Sasl::ScramSha512 { user, password } => ("SCRAM-SHA-512", Some((user, password))),
+                Sasl::OAuthBearer(_) => ("OAUTHBEARER", None),
             };
             settings.push(("sasl.mechanism", mechanism.to_owned()));
-            settings.push(("sasl.username", user.clone()));
-            settings.push(("sasl.password", password.expose().to_owned()));
+            if let Some((user, password)) = credentials {
+                settings.push(("sasl.username", user.clone()));
+                settings.push(("sasl.password", password.expose().to_owned()));
+            }
         }
         if let Some(tls) = tls {
             let path = |p: &PathBuf| p.to_string_lossy().into_owned();
@@ -243,6 +333,14 @@ mod tests {
             user: "u".into(),
             password: Secret::new("p"),
         };
+        let bearer = Sasl::OAuthBearer(OAuthBearer::new(|| Err("no provider".into())));
+        assert_eq!(
+            Security::Sasl(bearer).settings(),
+            [
+                ("security.protocol", "SASL_PLAINTEXT".to_owned()),
+                ("sasl.mechanism", "OAUTHBEARER".to_owned())
+            ]
+        );
         assert_eq!(
             Security::Sasl(plain).settings()[..2],
             [

@@ -14,7 +14,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::close::off_runtime;
-use crate::context::{Moves, TrackingContext};
+use crate::context::{KafkaContext, Moves, TrackingContext};
 use crate::eos::{EosPipeline, Pipeline, TRANSACTION_TIMEOUT, WindowOffsets, fenced};
 use crate::receipt::KafkaReceipt;
 
@@ -37,7 +37,7 @@ pub(crate) enum Tick {
 
 pub(crate) struct Window {
     pipeline: Arc<Pipeline>,
-    producer: Arc<FutureProducer>,
+    producer: Arc<FutureProducer<KafkaContext>>,
     address: String,
     began: Instant,
     offsets: WindowOffsets,
@@ -258,7 +258,7 @@ fn key(receipt: &KafkaReceipt) -> (Arc<str>, i32, i64, u64) {
 }
 
 fn commit(
-    producer: &FutureProducer,
+    producer: &FutureProducer<KafkaContext>,
     consumer: &Consumer_,
     offsets: &[(String, i32, i64)],
 ) -> rdkafka::error::KafkaResult<()> {
@@ -280,7 +280,7 @@ fn commit(
 }
 
 fn abort_and_rewind(
-    producer: &FutureProducer,
+    producer: &FutureProducer<KafkaContext>,
     consumer: &Consumer_,
     read: &[(String, i32)],
 ) -> Closed {

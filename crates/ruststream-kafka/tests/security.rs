@@ -122,3 +122,71 @@ async fn settings_from_the_environment_reach_the_client() {
     };
     assert_eq!(variable, "ORDERS_KAFKA_BROKERS");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oauthbearer_tokens_come_from_the_callback_and_are_never_printed() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::SystemTime;
+
+    use ruststream_kafka::{BearerToken, OAuthBearer};
+
+    const TOKEN: &str = "eyJhbGciOiJub25lIn0.oauth-tok-3b9e55";
+    capture_logs("debug,rdkafka=debug,librdkafka=debug");
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("listen");
+    let address = listener.local_addr().expect("address").to_string();
+    tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            drop(socket);
+        }
+    });
+    let asked = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&asked);
+    let tokens = OAuthBearer::new(move || {
+        counted.fetch_add(1, Ordering::SeqCst);
+        Ok(BearerToken {
+            token: Secret::new(TOKEN),
+            principal: "billing".into(),
+            expires_at: SystemTime::now() + Duration::from_secs(3600),
+        })
+    });
+    let security = Security::Sasl(Sasl::OAuthBearer(tokens));
+    let kafka = Kafka::with_security(&address, BTreeMap::new(), &security)
+        .expect("a client")
+        .connect_timeout(Duration::from_secs(2));
+    let refused = App::new()
+        .register(on(
+            kafka.topic(unique("oauth")).group("billing"),
+            handler(Script::new(|_| HandlerOutcome::ack())),
+        ))
+        .start()
+        .await;
+    assert!(refused.is_err(), "nothing answers at {address}");
+    // The producer, the start probe and the consumer each asked for a token.
+    assert!(asked.load(Ordering::SeqCst) >= 2, "asked {asked:?} times");
+    let shown = format!("{refused:?} {kafka:?} {security:?}");
+    assert!(!shown.contains(TOKEN), "{shown}");
+    let logged = logs();
+    let holding: Vec<&str> = logged.lines().filter(|l| l.contains(TOKEN)).collect();
+    assert!(
+        holding.is_empty(),
+        "log lines hold the token:\n{}",
+        holding.join("\n")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oauthbearer_without_a_callback_says_what_is_missing() {
+    capture_logs("debug,librdkafka=debug");
+    let settings = BTreeMap::from([
+        ("security.protocol".to_owned(), "SASL_PLAINTEXT".to_owned()),
+        ("sasl.mechanism".to_owned(), "OAUTHBEARER".to_owned()),
+    ]);
+    let _kafka = Kafka::with_settings("127.0.0.1:1", settings).expect("a client");
+    common::eventually(
+        Duration::from_secs(10),
+        "the missing callback logged",
+        || logs().contains("no token callback was given"),
+    )
+    .await;
+}
