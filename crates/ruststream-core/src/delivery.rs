@@ -15,10 +15,15 @@ pub struct Attempt {
 
 /// Where an [`Attempt`] number came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum AttemptSource {
-    /// The broker's own redelivery count (JetStream `delivered`, Pulsar's redelivery
-    /// count on Shared and KeyShared, the memory broker's count).
+    /// The broker's own redelivery count (JetStream `delivered`, the memory broker's
+    /// count): it survives a restart of the service.
     Broker,
+    /// Counted by the subscription in this process, per message (Pulsar, whose Rust
+    /// client does not report the broker's count: SPEC D5). It starts again at 1 on
+    /// another consumer or after a restart.
+    Subscription,
     /// The runtime's count in the `x-ruststream-retry-count` header (attempt = header + 1).
     Header,
 }
@@ -29,6 +34,15 @@ impl Attempt {
         Self {
             number: if number == 0 { 1 } else { number },
             source: AttemptSource::Broker,
+        }
+    }
+
+    /// The subscription counted `number` deliveries of this message itself (1 for the
+    /// first), where the broker's count cannot be read.
+    pub const fn from_subscription(number: u32) -> Self {
+        Self {
+            number: if number == 0 { 1 } else { number },
+            source: AttemptSource::Subscription,
         }
     }
 

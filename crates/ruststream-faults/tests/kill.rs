@@ -310,7 +310,7 @@ async fn k3_tracked_sigkill_while_handlers_run_loses_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn k7_tracked_sigkill_during_retry_after_loses_nothing() {
+async fn k7_d2_tracked_sigkill_during_retry_after_loses_nothing() {
     // The offset waits for the copy, so the records are read again after the restart.
     assert_eq!(kill_during_retry_after("kafka-tracked", "").await, 0);
 }
@@ -350,7 +350,7 @@ async fn k6_transactional_sigkill_while_handlers_run_loses_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn k7_transactional_sigkill_during_retry_after_loses_nothing() {
+async fn k7_d2_transactional_sigkill_during_retry_after_loses_nothing() {
     // A record waiting for its retry copy holds the window's position back.
     assert_eq!(kill_during_retry_after("kafka-transactional", "").await, 0);
 }

@@ -118,3 +118,28 @@ impl Settings {
         broken
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use ruststream_core::Descriptor;
+
+    use super::*;
+    use crate::Kafka;
+
+    #[test]
+    fn k1_a_subscription_is_auto_unless_told_and_each_mode_declares_its_own_capabilities() {
+        assert_eq!(Commit::default(), Commit::Auto);
+        // Connections are lazy: no broker is needed to build descriptors.
+        let kafka = Kafka::connect("127.0.0.1:1").expect("a client");
+        let topic = || kafka.topic("orders").group("billing");
+        assert_eq!(topic().capabilities(), AUTO_CAPABILITIES);
+        assert_eq!(
+            topic().commit(Commit::Tracked).capabilities(),
+            TRACKED_CAPABILITIES
+        );
+        assert_eq!(
+            topic().commit(Commit::Transactional).capabilities(),
+            TRANSACTIONAL_CAPABILITIES
+        );
+    }
+}

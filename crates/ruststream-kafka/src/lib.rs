@@ -7,7 +7,7 @@
 //! |---|---|---|---|
 //! | `ack`, `drop` | nothing: the offset was stored when the record was handed over | the offset settles; the stored position moves up to just below the lowest record still running | the offset settles; the [`EosPipeline`] commits it with its next window |
 //! | `retry()` | `AckError::Unsupported`, logged: nothing brings the record back | handled again at once, before the next record of its lane; the position waits | the open window cannot commit: it aborts and is read again |
-//! | `retry_after(d)`, or `retry()` under `max_attempts`/dead letter | a copy (same key, payload, headers, `x-ruststream-retry-count` + 1) to the retry topic after d, confirmed by its delivery report; at the cap a copy to the dead-letter topic | the same; the original stays unsettled until its copy is confirmed, so a crash during the wait brings the original back | the same, the copy produced inside the window's transaction |
+//! | `retry_after(d)`, or `retry()` under `max_attempts`/dead letter | a copy (same key, payload, headers, `x-ruststream-retry-count` + 1) after d to the subscription's own topic (every group reading it sees the copy; `retry_to(..)` names another), confirmed by its delivery report; at the cap a copy to the dead-letter topic | the same; the original stays unsettled until its copy is confirmed, so a crash during the wait brings the original back | the same, the copy produced inside the window's transaction |
 //!
 //! Under `Commit::Auto` the delayed copy waits in the process while the original's offset
 //! is already stored: a crash before the timer fires loses the retry (the seed's loss

@@ -303,7 +303,7 @@ fn n8_a_waiting_core_copy_is_lost_when_the_process_dies() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_graceful_stop_publishes_a_waiting_core_copy_early_instead_of_losing_it() {
+async fn d1_a_graceful_stop_publishes_a_waiting_core_copy_early_instead_of_losing_it() {
     let nats = nats().await;
     let subject = unique("n8stop");
     let mut seen = nats.client().subscribe(subject.clone()).await.unwrap();

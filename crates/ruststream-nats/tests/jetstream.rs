@@ -170,15 +170,34 @@ async fn n1_retry_after_sends_nak_with_delay_redelivered_no_earlier_and_nothing_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn n1_drop_sends_term_and_is_never_redelivered() {
+    use futures_util::StreamExt;
+
     let s = Setup::new("N1TERM").await;
+    // The server announces each +TERM (an +ACK would not be): what tells drop from ack.
+    let mut terminated = s
+        .nats
+        .client()
+        .subscribe(format!(
+            "$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.{}.worker",
+            s.base
+        ))
+        .await
+        .expect("advisories");
     let script = Script::new(|_| HandlerOutcome::drop());
     let app = start(App::new().register(on(
         s.consumer().ack_wait(Duration::from_millis(400)),
         handler(Arc::clone(&script)),
     )))
     .await;
-    s.publish(b"unwanted", &Headers::new()).await;
+    let seq = s.publish(b"unwanted", &Headers::new()).await;
     eventually(Duration::from_secs(5), "handled", || script.count() == 1).await;
+    let advisory = tokio::time::timeout(Duration::from_secs(5), terminated.next())
+        .await
+        .expect("a MSG_TERMINATED advisory: the server got +TERM")
+        .expect("subscribed");
+    let advisory: serde_json::Value =
+        serde_json::from_slice(&advisory.payload).expect("a JSON advisory");
+    assert_eq!(advisory["stream_seq"], seq, "{advisory}");
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(script.count(), 1, "+TERM: never sent again");
     assert_eq!(s.info().await.num_ack_pending, 0);

@@ -124,10 +124,10 @@ impl PulsarSubscription {
         let attempt = if self.counts {
             let seen = self.attempts.entry(key(id)).or_insert(0);
             *seen += 1;
-            Attempt::from_broker(*seen)
+            Attempt::from_subscription(*seen)
         } else {
             // Exclusive and Failover deliver every message with count 0 (P4).
-            Attempt::from_broker(1)
+            Attempt::from_subscription(1)
         };
         let position = Metadata::sequence(metadata.sequence_id)
             .with_timestamp_ms(i64::try_from(metadata.publish_time).ok());

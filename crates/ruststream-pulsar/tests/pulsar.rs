@@ -404,3 +404,124 @@ fn p7_a_killed_service_loses_the_wait_not_the_held_message() {
         app.stop().await;
     });
 }
+
+/// The attempt number a Pulsar handler sees is the subscription's own count per message
+/// (the Rust client does not report the broker's): it rises with each redelivery to this
+/// consumer, says where it came from, and starts again at 1 on the next consumer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn d5_p4_the_attempt_is_counted_by_the_subscription_and_starts_again_on_the_next_consumer() {
+    use ruststream_core::AttemptSource;
+    use std::sync::Mutex;
+
+    let pulsar = pulsar().await;
+    let topic = unique("d5");
+    let sources = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&sources);
+    let first = Script::new(move |d| {
+        seen.lock().unwrap().push(d.attempt().source());
+        if d.attempt().number() == 1 {
+            HandlerOutcome::retry()
+        } else {
+            // Held in the service: the stop below hands it back unacknowledged (P7).
+            HandlerOutcome::retry_after(Duration::from_secs(600))
+        }
+    });
+    let app = start(App::new().register(on(
+        topic_of(&pulsar, &topic, SubType::Shared),
+        handler(Arc::clone(&first)),
+    )))
+    .await;
+    send(&pulsar, &topic, "counted").await;
+    eventually(Duration::from_secs(20), "redelivered once", || {
+        first.count() == 2
+    })
+    .await;
+    app.stop().await;
+    let attempts: Vec<u32> = first.calls().iter().map(|c| c.attempt).collect();
+    assert_eq!(attempts, [1, 2]);
+    assert!(
+        sources
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|s| *s == AttemptSource::Subscription)
+    );
+
+    let next = Script::new(|_| HandlerOutcome::ack());
+    let app = start(App::new().register(on(
+        topic_of(&pulsar, &topic, SubType::Shared),
+        handler(Arc::clone(&next)),
+    )))
+    .await;
+    eventually(
+        Duration::from_secs(30),
+        "delivered to the next consumer",
+        || next.count() == 1,
+    )
+    .await;
+    assert_eq!(next.calls()[0].attempt, 1, "the count starts again (D5)");
+    app.stop().await;
+}
+
+/// Acknowledgements are individual on every subscription type: acknowledging the second
+/// of two messages leaves the first unacknowledged (a cumulative ack would take it too),
+/// so after a reconnect the first comes back and the second does not.
+async fn only_the_unacknowledged_first_comes_back(sub_type: SubType) {
+    let pulsar = pulsar().await;
+    let topic = unique("p3");
+    let first = Script::new(|d| {
+        if d.payload() == "first" {
+            // Held unacknowledged in the service; the stop hands it back.
+            HandlerOutcome::retry_after(Duration::from_secs(600))
+        } else {
+            HandlerOutcome::ack()
+        }
+    });
+    let app = start(App::new().register(on(
+        topic_of(&pulsar, &topic, sub_type),
+        handler(Arc::clone(&first)),
+    )))
+    .await;
+    send(&pulsar, &topic, "first").await;
+    send(&pulsar, &topic, "second").await;
+    eventually(Duration::from_secs(20), "both handled", || {
+        first.count() == 2
+    })
+    .await;
+    app.stop().await;
+
+    let next = Script::new(|_| HandlerOutcome::ack());
+    let app = start(App::new().register(on(
+        topic_of(&pulsar, &topic, sub_type),
+        handler(Arc::clone(&next)),
+    )))
+    .await;
+    eventually(Duration::from_secs(30), "the first came back", || {
+        next.count() >= 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let payloads: Vec<_> = next.calls().iter().map(|c| c.payload.clone()).collect();
+    assert_eq!(payloads, [&b"first"[..]], "{sub_type:?}: only the first");
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn p3_acks_are_individual_on_shared() {
+    only_the_unacknowledged_first_comes_back(SubType::Shared).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn p3_acks_are_individual_on_key_shared() {
+    only_the_unacknowledged_first_comes_back(SubType::KeyShared).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn p3_acks_are_individual_on_exclusive() {
+    only_the_unacknowledged_first_comes_back(SubType::Exclusive).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn p3_acks_are_individual_on_failover() {
+    only_the_unacknowledged_first_comes_back(SubType::Failover).await;
+}

@@ -111,7 +111,7 @@ async fn k7_retry_under_cap_dead_letters_after_three_runs_with_header_count() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn k7_copies_carry_the_retry_count_absent_one_two() {
+async fn k7_d4_copies_carry_the_retry_count_absent_one_two() {
     let broker = MemoryBroker::recording();
     let app = App::new().register(
         on(broker.topic("orders").runtime_retries(), always_retry)
@@ -257,6 +257,7 @@ async fn errs_first(Meta { attempt, .. }: Meta) -> Result<HandlerOutcome, Failur
 
 #[tokio::test(start_paused = true)]
 async fn e2_a_panicking_handler_is_a_failed_attempt_and_the_service_goes_on() {
+    ruststream_test_support::capture_logs("info");
     let broker = MemoryBroker::recording();
     let app = App::new().register(on(broker.topic("orders"), panics_first).name("p"));
     let test = TestApp::start(app, &broker).await.unwrap();
@@ -276,6 +277,14 @@ async fn e2_a_panicking_handler_is_a_failed_attempt_and_the_service_goes_on() {
             .all(|c| c.completion == Completion::Outcome(HandlerOutcome::ack()))
     );
     test.stop().await;
+    // Logged with the panic message and the address.
+    let logs = ruststream_test_support::logs();
+    assert!(
+        logs.lines().any(|l| l.contains("boom on 1")
+            && l.contains("orders")
+            && (l.contains("ERROR") || l.contains("WARN"))),
+        "no log line with the panic message and the address:\n{logs}"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -337,6 +346,7 @@ async fn e1_undecodable_payload_goes_to_the_dead_letter_unchanged() {
 
 #[tokio::test(start_paused = true)]
 async fn e1_undecodable_payload_without_dead_letter_is_dropped_not_redelivered() {
+    ruststream_test_support::capture_logs("info");
     let broker = MemoryBroker::recording();
     let app = App::new().register(on(broker.topic("orders"), counts_decoded));
     let test = TestApp::start(app, &broker).await.unwrap();
@@ -357,6 +367,18 @@ async fn e1_undecodable_payload_without_dead_letter_is_dropped_not_redelivered()
         }
     );
     test.stop().await;
+    // Dropped, not silently: an ERROR naming the address and the decode error.
+    let logs = ruststream_test_support::logs();
+    let line = logs
+        .lines()
+        .find(|l| l.contains("ERROR") && l.contains("orders") && l.contains("decode"))
+        .unwrap_or_else(|| {
+            panic!("no ERROR line naming the address and the decode error:\n{logs}")
+        });
+    assert!(
+        line.contains("expected value"),
+        "serde_json's reason: {line}"
+    );
 }
 
 #[tokio::test(start_paused = true)]
