@@ -203,3 +203,80 @@ async fn g6_a_second_signal_during_the_drain_exits_at_once() {
         asked.elapsed().as_secs_f64()
     );
 }
+
+/// E3 from outside the process: a signal stops fetching, lets the running handlers finish,
+/// settles what finished before the connection closes, and exits 0.
+async fn a_signal_drains_and_settles(signal: &str) {
+    let url = std::env::var("RUSTSTREAM_NATS_URL").unwrap_or_else(|_| {
+        panic!("RUSTSTREAM_NATS_URL is not set: run the tests with scripts/test")
+    });
+    let nats = Nats::connect(&url)
+        .await
+        .expect("the tests need nats-server");
+    let name = unique(&format!("E3{signal}")).replace('-', "_");
+    stream_on(&nats, &name).await;
+    let mut service = Service::spawn_with(
+        SERVICE,
+        &["jetstream", &url, &name, "worker", "slow"],
+        &[("FAULT_SHUTDOWN_MS", "10000")],
+    );
+    service
+        .until(Duration::from_secs(30), "ready", |t| t.ready)
+        .await;
+    for n in 0..40 {
+        nats.publisher()
+            .jetstream(&name, &Headers::new(), Bytes::from(format!("m{n}")), None)
+            .await
+            .expect("publish");
+    }
+    service
+        .until(Duration::from_secs(30), "handlers running", |t| {
+            t.started.len() >= 6
+        })
+        .await;
+    service.signal(signal);
+    let code = service.exits_within(Duration::from_secs(15)).await;
+    assert_eq!(code, Some(0), "SIG{signal}: a clean exit");
+    let tally = service.tally();
+    let started: std::collections::BTreeSet<&str> =
+        tally.started.iter().map(|l| l.payload.as_str()).collect();
+    assert_eq!(
+        started,
+        tally.handled().iter().map(String::as_str).collect(),
+        "every handler running at the signal finished"
+    );
+    assert!(
+        tally.handled().len() < 40,
+        "the signal came mid-run: fetching stopped"
+    );
+    // Settled before the connection closed: of what the server delivered, exactly the
+    // handled ones were acknowledged; the rest (fetched, never started) stay
+    // unacknowledged, so the server gives them back after ack_wait.
+    let info = jetstream::new(nats.client().clone())
+        .get_stream(&name)
+        .await
+        .expect("stream")
+        .get_consumer::<jetstream::consumer::pull::Config>("worker")
+        .await
+        .expect("consumer")
+        .info()
+        .await
+        .expect("info")
+        .clone();
+    let delivered = usize::try_from(info.delivered.consumer_sequence).expect("a count");
+    assert_eq!(
+        delivered - info.num_ack_pending,
+        tally.handled().len(),
+        "acknowledged exactly what was handled ({delivered} delivered)"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e3_sigterm_drains_settles_and_exits_cleanly() {
+    a_signal_drains_and_settles("TERM").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e3_sigint_drains_settles_and_exits_cleanly() {
+    a_signal_drains_and_settles("INT").await;
+}

@@ -19,6 +19,7 @@ pages! {
     Kafka => "kafka.md",
     Nats => "nats.md",
     Pulsar => "pulsar.md",
+    RabbitMq => "rabbitmq.md",
     ConnectingSecurely => "connecting-securely.md",
     Testing => "testing.md",
     Operating => "operating.md",

@@ -1,5 +1,8 @@
 //! Kafka transport for ruststream over `rdkafka`.
 //!
+//! The guide's page on Kafka (`docs/kafka.md` in the repository) tells the same with
+//! diagrams: the outcome flow, the Tracked positions, the EOS window.
+//!
 //! Kafka commits one offset per partition and group instead of acknowledging records, so
 //! what an outcome becomes depends on the subscription's [`Commit`] mode (SPEC K1-K9):
 //!

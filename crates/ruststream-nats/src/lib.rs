@@ -1,5 +1,8 @@
 //! NATS transport for ruststream: Core NATS and JetStream over `async-nats`.
 //!
+//! The guide's page on NATS (`docs/nats.md` in the repository) tells the same with a
+//! diagram.
+//!
 //! - [`CoreSubject`] and [`CoreWildcard`] read Core NATS: at-most-once, nothing to
 //!   settle. `ack`, `drop` and `retry` answer `AckError::Unsupported` (logged);
 //!   `retry_after(d)`, and `retry()` under a declared cap or dead letter, publish a copy

@@ -1,5 +1,8 @@
 //! Apache Pulsar transport for ruststream over the `pulsar` crate (tokio).
 //!
+//! The guide's page on Pulsar (`docs/pulsar.md` in the repository) tells the same with a
+//! diagram.
+//!
 //! What each outcome becomes (SPEC P1-P7): `ack` and `drop` → `ack_with_id` (Pulsar has
 //! no reject-for-good command); `retry` → `nack_with_id`, redelivered at once; `retry_after(d)`
 //! → the delivery is held unacknowledged for d, then `nack_with_id`; no outcome → nothing

@@ -1,5 +1,9 @@
 //! Event-driven services over message brokers.
 //!
+//! The user guide (getting started, each broker's settlement with diagrams, security,
+//! testing, operating) and the spec with the tests of each statement are in the
+//! repository's `docs/` (`docs/README.md`; `scripts/book` builds it as a book).
+//!
 //! Write plain async handlers over typed messages, bind each to a subscription, and
 //! return an outcome: [`HandlerOutcome::ack`], [`HandlerOutcome::drop`],
 //! [`HandlerOutcome::retry`] or [`HandlerOutcome::retry_after`]. The framework turns each

@@ -1,0 +1,240 @@
+//! The RabbitMQ descriptor: a queue, its kind, whether to declare it, and the prefetch.
+
+use std::sync::Arc;
+
+use lapin::options::{BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use ruststream_core::{
+    Capabilities, DeadLetters, Declaration, DelayedRedelivery, Descriptor, Publish, SubscribeError,
+    Verb,
+};
+
+use crate::RabbitMq;
+use crate::subscription::RabbitSubscription;
+
+/// What kind of queue is read: it decides who counts attempts and how `retry_after`
+/// waits.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum QueueKind {
+    /// A classic queue: it flags a redelivery but counts nothing, so under
+    /// `max_attempts` retries are copies counted in `x-ruststream-retry-count`, and
+    /// `retry_after(d)` publishes a copy after d (the original stays unacknowledged until
+    /// the copy is confirmed).
+    #[default]
+    Classic,
+    /// A quorum queue: the broker counts deliveries (`x-delivery-count`), which is the
+    /// attempt number; `retry_after(d)` holds the delivery unacknowledged for d, then
+    /// `basic.nack(requeue=true)`.
+    Quorum,
+}
+
+/// How many deliveries the broker sends ahead unacknowledged, unless set.
+pub const DEFAULT_PREFETCH: u16 = 256;
+
+/// One queue, read with manual acknowledgements.
+#[derive(Clone)]
+pub struct RabbitQueue {
+    rabbit: RabbitMq,
+    queue: String,
+    kind: QueueKind,
+    declare: bool,
+    prefetch: u16,
+}
+
+impl std::fmt::Debug for RabbitQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RabbitQueue")
+            .field("queue", &self.queue)
+            .field("kind", &self.kind)
+            .finish()
+    }
+}
+
+impl RabbitQueue {
+    pub(crate) fn new(rabbit: RabbitMq, queue: String) -> Self {
+        Self {
+            rabbit,
+            queue,
+            kind: QueueKind::Classic,
+            declare: false,
+            prefetch: DEFAULT_PREFETCH,
+        }
+    }
+
+    /// The queue's kind (default [`QueueKind::Classic`]). It must match the queue's
+    /// `x-queue-type` on the broker: a quorum queue read as classic would count attempts
+    /// twice, so with [`declare`](Self::declare) a mismatch fails the start.
+    pub fn kind(mut self, kind: QueueKind) -> Self {
+        self.kind = kind;
+        self
+    }
+
+    /// Declares the queue (durable, of this kind) at start when it is missing; off by
+    /// default, when a missing queue fails the start naming it.
+    pub fn declare(mut self, declare: bool) -> Self {
+        self.declare = declare;
+        self
+    }
+
+    /// How many deliveries the broker may send ahead unacknowledged (`basic.qos`,
+    /// default [`DEFAULT_PREFETCH`]); at least 1.
+    pub fn prefetch(mut self, prefetch: u16) -> Self {
+        self.prefetch = prefetch;
+        self
+    }
+
+    fn queue_arguments(&self) -> FieldTable {
+        let mut arguments = FieldTable::default();
+        let kind = match self.kind {
+            QueueKind::Classic => "classic",
+            QueueKind::Quorum => "quorum",
+        };
+        arguments.insert(
+            ShortString::from("x-queue-type"),
+            AMQPValue::LongString(LongString::from(kind)),
+        );
+        arguments
+    }
+}
+
+impl Descriptor for RabbitQueue {
+    type Subscription = RabbitSubscription;
+
+    fn address(&self) -> &str {
+        &self.queue
+    }
+
+    fn transport(&self) -> &'static str {
+        "rabbitmq"
+    }
+
+    fn retry_address(&self) -> Option<&str> {
+        Some(&self.queue)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let common = Capabilities::NOTHING
+            .with_ack(Verb::Native)
+            .with_drop(Verb::Native)
+            .with_redeliver(Verb::Native)
+            .with_dead_letters(DeadLetters::Runtime)
+            // Unacknowledged until the copy or dead letter is confirmed: a crash gives
+            // the original back (R5).
+            .with_holds_original(true);
+        match self.kind {
+            QueueKind::Classic => common
+                .with_delayed_redelivery(DelayedRedelivery::Unsupported)
+                .with_native_count(false),
+            QueueKind::Quorum => common
+                .with_delayed_redelivery(DelayedRedelivery::Held { limit: None })
+                .with_native_count(true),
+        }
+    }
+
+    fn check(&self, _declaration: &Declaration) -> Vec<String> {
+        let mut broken = Vec::new();
+        if self.prefetch == 0 {
+            broken.push(
+                "prefetch(0) would let the broker send without bound: use at least 1".to_owned(),
+            );
+        }
+        if let Some(rule) = queue_rule(&self.queue) {
+            broken.push(rule);
+        }
+        broken
+    }
+
+    fn address_rule(&self, address: &str) -> Option<String> {
+        queue_rule(address)
+    }
+
+    fn publisher(&self) -> Arc<dyn Publish> {
+        Arc::new(self.rabbit.publisher())
+    }
+
+    async fn open(self, _declaration: &Declaration) -> Result<RabbitSubscription, SubscribeError> {
+        let fail = |e: lapin::Error| SubscribeError::new(&self.queue, e);
+        // A passive declare that fails closes its channel: it gets one of its own.
+        let probe = self
+            .rabbit
+            .connection
+            .create_channel()
+            .await
+            .map_err(fail)?;
+        let options = QueueDeclareOptions {
+            passive: !self.declare,
+            durable: true,
+            ..QueueDeclareOptions::default()
+        };
+        let arguments = if self.declare {
+            self.queue_arguments()
+        } else {
+            FieldTable::default()
+        };
+        probe
+            .queue_declare(ShortString::from(self.queue.as_str()), options, arguments)
+            .await
+            .map_err(|e| {
+                let why = if self.declare {
+                    format!("declaring the queue (durable, {:?}): {e}", self.kind)
+                } else {
+                    format!("the queue does not exist (or cannot be read); `.declare(true)` declares it: {e}")
+                };
+                SubscribeError::new(&self.queue, why)
+            })?;
+        let _ = probe.close(200, ShortString::from("declared")).await;
+        let channel = self
+            .rabbit
+            .connection
+            .create_channel()
+            .await
+            .map_err(fail)?;
+        channel
+            .basic_qos(self.prefetch, BasicQosOptions::default())
+            .await
+            .map_err(fail)?;
+        let consumer = channel
+            .basic_consume(
+                ShortString::from(self.queue.as_str()),
+                ShortString::from(""),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(fail)?;
+        Ok(RabbitSubscription::new(
+            channel,
+            consumer,
+            &self.queue,
+            self.kind == QueueKind::Quorum,
+        ))
+    }
+}
+
+/// Why `queue` is not a queue name a publish can reach, or `None`.
+fn queue_rule(queue: &str) -> Option<String> {
+    if queue.is_empty() {
+        return Some("a RabbitMQ queue name is not empty".to_owned());
+    }
+    if queue.len() > 255 {
+        return Some("a RabbitMQ queue name is at most 255 bytes".to_owned());
+    }
+    if queue.starts_with("amq.") {
+        return Some("names starting with `amq.` are reserved by RabbitMQ".to_owned());
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::queue_rule;
+
+    #[test]
+    fn g4_queue_names_follow_the_brokers_rules() {
+        assert_eq!(queue_rule("orders.dead"), None);
+        for bad in ["", "amq.gen-1"] {
+            assert!(queue_rule(bad).is_some(), "{bad:?}");
+        }
+        assert!(queue_rule(&"q".repeat(256)).is_some());
+    }
+}

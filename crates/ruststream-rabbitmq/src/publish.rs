@@ -1,0 +1,152 @@
+//! Publishing to a queue through the default exchange, confirmed by the broker.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{BasicProperties, Channel, Confirmation, Connection};
+use ruststream_core::{BoxFuture, Headers, Outgoing, Publish, PublishError, PublishErrorKind};
+
+/// Publishes to queues by name (the default exchange, the queue's name as routing key),
+/// persistent, with publisher confirms and `mandatory`: a message no queue takes is an
+/// error. Cheap to clone: the clones share one channel.
+#[derive(Clone)]
+pub struct RabbitPublisher {
+    channel: Arc<Channel>,
+}
+
+impl std::fmt::Debug for RabbitPublisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RabbitPublisher")
+    }
+}
+
+impl RabbitPublisher {
+    pub(crate) async fn open(connection: Arc<Connection>) -> Result<Self, lapin::Error> {
+        let channel = connection.create_channel().await?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await?;
+        Ok(Self {
+            channel: Arc::new(channel),
+        })
+    }
+
+    /// Sends `payload` to `queue` with `headers` and waits for the broker's confirm.
+    pub async fn send(
+        &self,
+        queue: &str,
+        headers: &Headers,
+        payload: &[u8],
+    ) -> Result<(), PublishError> {
+        let properties = BasicProperties::default()
+            .with_delivery_mode(2) // persistent
+            .with_headers(to_table(headers));
+        let confirm = self
+            .channel
+            .basic_publish(
+                ShortString::from(""),
+                ShortString::from(queue),
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..BasicPublishOptions::default()
+                },
+                payload,
+                properties,
+            )
+            .await
+            .map_err(|e| PublishError::new(queue, PublishErrorKind::Disconnected, e))?;
+        match confirm
+            .await
+            .map_err(|e| PublishError::new(queue, PublishErrorKind::Disconnected, e))?
+        {
+            Confirmation::Ack(None) => Ok(()),
+            Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)) => {
+                Err(PublishError::new(
+                    queue,
+                    PublishErrorKind::NoSuchAddress,
+                    format!(
+                        "returned by the broker: {} {} (no queue named `{queue}` took it)",
+                        returned.reply_code, returned.reply_text
+                    ),
+                ))
+            }
+            Confirmation::Nack(None) => Err(PublishError::new(
+                queue,
+                PublishErrorKind::Rejected,
+                "the broker refused to store it (basic.nack)",
+            )),
+            Confirmation::NotRequested => Err(PublishError::new(
+                queue,
+                PublishErrorKind::Rejected,
+                "publisher confirms are off on this channel",
+            )),
+        }
+    }
+}
+
+impl Publish for RabbitPublisher {
+    fn publish(&self, message: Outgoing) -> BoxFuture<'_, Result<(), PublishError>> {
+        Box::pin(async move {
+            self.send(&message.address, &message.headers, &message.payload)
+                .await
+        })
+    }
+}
+
+/// Headers as an AMQP field table: every value a byte string, so it arrives byte for
+/// byte as it was given.
+pub(crate) fn to_table(headers: &Headers) -> FieldTable {
+    let mut table = FieldTable::default();
+    for (name, value) in headers.iter() {
+        table.insert(
+            ShortString::from(name),
+            AMQPValue::LongString(LongString::from(value.to_vec())),
+        );
+    }
+    table
+}
+
+/// An AMQP field table as headers: byte strings as they are, numbers and flags as text
+/// (headers other clients set), nested tables and arrays left out.
+pub(crate) fn from_table(table: Option<&FieldTable>) -> Headers {
+    let mut headers = Headers::new();
+    let Some(table) = table else {
+        return headers;
+    };
+    for (name, value) in table.inner() {
+        let bytes = match value {
+            AMQPValue::LongString(s) => Bytes::copy_from_slice(s.as_bytes()),
+            AMQPValue::ShortString(s) => Bytes::copy_from_slice(s.as_str().as_bytes()),
+            AMQPValue::ByteArray(b) => Bytes::copy_from_slice(b.as_slice()),
+            AMQPValue::Boolean(v) => Bytes::from(v.to_string()),
+            AMQPValue::ShortShortInt(v) => Bytes::from(v.to_string()),
+            AMQPValue::ShortShortUInt(v) => Bytes::from(v.to_string()),
+            AMQPValue::ShortInt(v) => Bytes::from(v.to_string()),
+            AMQPValue::ShortUInt(v) => Bytes::from(v.to_string()),
+            AMQPValue::LongInt(v) => Bytes::from(v.to_string()),
+            AMQPValue::LongUInt(v) => Bytes::from(v.to_string()),
+            AMQPValue::LongLongInt(v) => Bytes::from(v.to_string()),
+            AMQPValue::Timestamp(v) => Bytes::from(v.to_string()),
+            _ => continue,
+        };
+        headers.insert(name.as_str(), bytes);
+    }
+    headers
+}
+
+/// A numeric header (`x-delivery-count`), whatever integer type the broker chose.
+pub(crate) fn number(table: Option<&FieldTable>, name: &str) -> Option<u64> {
+    let value = table?.inner().get(name)?;
+    match value {
+        AMQPValue::ShortShortInt(v) => u64::try_from(*v).ok(),
+        AMQPValue::ShortShortUInt(v) => Some(u64::from(*v)),
+        AMQPValue::ShortInt(v) => u64::try_from(*v).ok(),
+        AMQPValue::ShortUInt(v) => Some(u64::from(*v)),
+        AMQPValue::LongInt(v) => u64::try_from(*v).ok(),
+        AMQPValue::LongUInt(v) => Some(u64::from(*v)),
+        AMQPValue::LongLongInt(v) => u64::try_from(*v).ok(),
+        _ => None,
+    }
+}

@@ -1,0 +1,348 @@
+//! RabbitMQ against the rabbitmq-server the test command starts: SPEC R1-R7 where the
+//! behaviour suite does not already show them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lapin::options::BasicGetOptions;
+use lapin::types::{AMQPValue, ShortString};
+use ruststream::{App, HandlerOutcome, Headers, StartError, on};
+use ruststream_core::{AttemptSource, PublishErrorKind};
+use ruststream_rabbitmq::{QueueKind, RabbitMq, lapin};
+use ruststream_test_support::{Script, eventually, handler, unique_suffix};
+
+mod common;
+use common::{declare, rabbit, text};
+
+/// Takes one message off `queue`, if there is one.
+async fn get(rabbit: &RabbitMq, queue: &str) -> Option<lapin::message::Delivery> {
+    let channel = rabbit.connection().create_channel().await.expect("channel");
+    let message = channel
+        .basic_get(ShortString::from(queue), BasicGetOptions { no_ack: true })
+        .await
+        .expect("basic.get")
+        .map(|m| m.delivery);
+    let _ = channel.close(200, ShortString::from("done")).await;
+    message
+}
+
+/// Takes one message off `queue`, waiting up to 10 s for one to arrive.
+async fn arrives(rabbit: &RabbitMq, queue: &str) -> Option<lapin::message::Delivery> {
+    for _ in 0..200 {
+        if let Some(message) = get(rabbit, queue).await {
+            return Some(message);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
+}
+
+async fn send(rabbit: &RabbitMq, queue: &str, payload: &[u8]) {
+    rabbit
+        .publisher()
+        .send(queue, &Headers::new(), payload)
+        .await
+        .expect("published");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r1_drop_rejects_to_the_queues_dead_letter_exchange() {
+    let rabbit = rabbit().await;
+    let (queue, rejected) = (
+        format!("r1-{}", unique_suffix()),
+        format!("r1-rejected-{}", unique_suffix()),
+    );
+    declare(&rabbit, &rejected, &[]).await;
+    declare(
+        &rabbit,
+        &queue,
+        &[
+            ("x-dead-letter-exchange", text("")),
+            ("x-dead-letter-routing-key", text(&rejected)),
+        ],
+    )
+    .await;
+    let script = Script::new(|_| HandlerOutcome::drop());
+    let running = App::new()
+        .register(on(rabbit.queue(&queue), handler(Arc::clone(&script))))
+        .start()
+        .await
+        .expect("starts");
+    send(&rabbit, &queue, b"unwanted").await;
+    eventually(Duration::from_secs(10), "handled", || script.count() == 1).await;
+    let letter = arrives(&rabbit, &rejected)
+        .await
+        .expect("basic.reject(requeue=false) routed it to the dead-letter exchange");
+    assert_eq!(letter.data, b"unwanted");
+    let reason = letter
+        .properties
+        .headers()
+        .as_ref()
+        .and_then(|h| h.inner().get("x-first-death-reason").cloned());
+    let Some(AMQPValue::LongString(reason)) = reason else {
+        panic!("no x-first-death-reason: {:?}", letter.properties.headers());
+    };
+    assert_eq!(reason.as_bytes(), b"rejected", "the broker says why");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(script.count(), 1, "never delivered again");
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r3_a_quorum_queues_attempt_is_the_brokers_delivery_count() {
+    let rabbit = rabbit().await;
+    let queue = format!("r3-{}", unique_suffix());
+    declare(&rabbit, &queue, &[("x-queue-type", text("quorum"))]).await;
+    let sources = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = Arc::clone(&sources);
+    let script = Script::new(move |d| {
+        seen.lock().unwrap().push(d.attempt().source());
+        if d.attempt().number() < 3 {
+            HandlerOutcome::retry()
+        } else {
+            HandlerOutcome::ack()
+        }
+    });
+    let running = App::new()
+        .register(on(
+            rabbit.queue(&queue).kind(QueueKind::Quorum),
+            handler(Arc::clone(&script)),
+        ))
+        .start()
+        .await
+        .expect("starts");
+    send(&rabbit, &queue, b"counted").await;
+    eventually(Duration::from_secs(10), "three deliveries", || {
+        script.count() == 3
+    })
+    .await;
+    running.stop().await;
+    let calls = script.calls();
+    assert_eq!(
+        calls.iter().map(|c| c.attempt).collect::<Vec<_>>(),
+        [1, 2, 3]
+    );
+    assert!(
+        calls
+            .iter()
+            .all(|c| c.headers.get("x-ruststream-retry-count").is_none()),
+        "no copies: the same message, counted by the broker"
+    );
+    assert_eq!(calls[1].headers.get_str("x-delivery-count"), Some("1"));
+    assert!(
+        sources
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|s| *s == AttemptSource::Broker)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r6_a_missing_queue_is_refused_at_start_naming_it() {
+    let rabbit = rabbit().await;
+    let queue = format!("r6-missing-{}", unique_suffix());
+    let refused = App::new()
+        .register(on(
+            rabbit.queue(&queue),
+            handler(Script::new(|_| HandlerOutcome::ack())),
+        ))
+        .start()
+        .await;
+    let Err(error @ StartError::Open { .. }) = refused else {
+        panic!("started, or refused for another reason: {refused:?}");
+    };
+    let shown = error.to_string();
+    assert!(shown.contains(&queue), "{shown}");
+    assert!(
+        shown.contains("declare(true)"),
+        "says how to fix it: {shown}"
+    );
+
+    // With declaration on, the same start declares it and goes through.
+    let running = App::new()
+        .register(on(
+            rabbit.queue(&queue).declare(true),
+            handler(Script::new(|_| HandlerOutcome::ack())),
+        ))
+        .start()
+        .await
+        .expect("declared and started");
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r6_a_kind_that_does_not_match_the_queue_is_refused_at_start() {
+    let rabbit = rabbit().await;
+    let queue = format!("r6-kind-{}", unique_suffix());
+    declare(&rabbit, &queue, &[]).await; // classic
+    let refused = App::new()
+        .register(on(
+            rabbit.queue(&queue).kind(QueueKind::Quorum).declare(true),
+            handler(Script::new(|_| HandlerOutcome::ack())),
+        ))
+        .start()
+        .await;
+    let Err(error @ StartError::Open { .. }) = refused else {
+        panic!("a quorum reading of a classic queue started: {refused:?}");
+    };
+    let shown = error.to_string();
+    assert!(
+        shown.contains(&queue) && shown.contains("Quorum"),
+        "{shown}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r7_an_unroutable_publish_is_an_error_not_a_silent_drop() {
+    let rabbit = rabbit().await;
+    let queue = format!("r7-nobody-{}", unique_suffix());
+    let error = rabbit
+        .publisher()
+        .send(&queue, &Headers::new(), b"lost?")
+        .await
+        .expect_err("no queue takes it");
+    assert_eq!(error.kind(), PublishErrorKind::NoSuchAddress, "{error}");
+    assert!(error.to_string().contains(&queue), "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r2_no_outcome_comes_back_when_the_channel_closes() {
+    let rabbit = rabbit().await;
+    let queue = format!("r2-{}", unique_suffix());
+    declare(&rabbit, &queue, &[]).await;
+    let stuck = Script::slow(Duration::from_secs(60), |_| HandlerOutcome::ack());
+    let running = App::new()
+        .shutdown_timeout(Duration::from_millis(200))
+        .register(on(rabbit.queue(&queue), handler(Arc::clone(&stuck))))
+        .start()
+        .await
+        .expect("starts");
+    send(&rabbit, &queue, b"unfinished").await;
+    eventually(Duration::from_secs(10), "the handler runs", || {
+        stuck.count() == 1
+    })
+    .await;
+    running.stop().await; // the drain gives up; the channel closes
+    let again = Script::new(|_| HandlerOutcome::ack());
+    let running = App::new()
+        .register(on(rabbit.queue(&queue), handler(Arc::clone(&again))))
+        .start()
+        .await
+        .expect("starts");
+    eventually(
+        Duration::from_secs(10),
+        "given back and delivered again",
+        || again.count() == 1,
+    )
+    .await;
+    assert_eq!(&again.calls()[0].payload[..], b"unfinished");
+    running.stop().await;
+}
+
+/// `retry_after` on both kinds: back no earlier than the delay, as the next attempt; on a
+/// quorum queue the same message (the broker's count), on a classic one a copy (the
+/// runtime's count in its header).
+async fn retry_after_comes_back(kind: QueueKind) -> Vec<ruststream_test_support::Seen> {
+    let rabbit = rabbit().await;
+    let queue = format!("r4-{}", unique_suffix());
+    let arguments = match kind {
+        QueueKind::Quorum => vec![("x-queue-type", text("quorum"))],
+        _ => Vec::new(),
+    };
+    declare(&rabbit, &queue, &arguments).await;
+    let script = Script::new(|d| {
+        if d.attempt().number() == 1 {
+            HandlerOutcome::retry_after(Duration::from_millis(400))
+        } else {
+            HandlerOutcome::ack()
+        }
+    });
+    let running = App::new()
+        .register(
+            on(
+                rabbit.queue(&queue).kind(kind),
+                handler(Arc::clone(&script)),
+            )
+            .max_attempts(5),
+        )
+        .start()
+        .await
+        .expect("starts");
+    send(&rabbit, &queue, b"later").await;
+    eventually(Duration::from_secs(10), "back after the delay", || {
+        script.count() == 2
+    })
+    .await;
+    running.stop().await;
+    let calls = script.calls();
+    assert_eq!(calls[1].attempt, 2);
+    assert!(calls[1].at - calls[0].at >= Duration::from_millis(390));
+    assert!(get(&rabbit, &queue).await.is_none(), "nothing left behind");
+    calls
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r4_quorum_retry_after_is_held_then_nacked_and_counted_by_the_broker() {
+    let calls = retry_after_comes_back(QueueKind::Quorum).await;
+    assert_eq!(calls[1].headers.get_str("x-delivery-count"), Some("1"));
+    assert_eq!(
+        calls[1].headers.get("x-ruststream-retry-count"),
+        None,
+        "no copy"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r4_classic_retry_after_is_a_counted_copy() {
+    let calls = retry_after_comes_back(QueueKind::Classic).await;
+    assert_eq!(
+        calls[1].headers.get_str("x-ruststream-retry-count"),
+        Some("1")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r5_at_the_cap_the_delivery_goes_to_the_dead_letter_queue_as_it_arrived() {
+    let rabbit = rabbit().await;
+    let (queue, dead) = (
+        format!("r5-{}", unique_suffix()),
+        format!("r5-dead-{}", unique_suffix()),
+    );
+    declare(&rabbit, &queue, &[("x-queue-type", text("quorum"))]).await;
+    declare(&rabbit, &dead, &[]).await;
+    let script = Script::new(|_| HandlerOutcome::retry());
+    let running = App::new()
+        .register(
+            on(
+                rabbit.queue(&queue).kind(QueueKind::Quorum),
+                handler(Arc::clone(&script)),
+            )
+            .max_attempts(3)
+            .dead_letter(&dead),
+        )
+        .start()
+        .await
+        .expect("starts");
+    let mut headers = Headers::new();
+    headers.insert("trace", "t-5");
+    rabbit
+        .publisher()
+        .send(&queue, &headers, b"\x00exhausted\xff")
+        .await
+        .expect("published");
+    let letter = arrives(&rabbit, &dead).await.expect("a dead letter");
+    running.stop().await;
+    assert_eq!(script.count(), 3, "exactly max_attempts runs");
+    assert_eq!(letter.data, b"\x00exhausted\xff", "byte for byte");
+    let trace = letter
+        .properties
+        .headers()
+        .as_ref()
+        .and_then(|h| h.inner().get("trace").cloned());
+    assert_eq!(trace, Some(text("t-5")), "headers kept");
+    assert!(
+        get(&rabbit, &queue).await.is_none(),
+        "the original was acknowledged"
+    );
+}

@@ -1,0 +1,46 @@
+# RabbitMQ (Debian's rabbitmq-server 3.10) on 127.0.0.1 for the RabbitMQ tests (sourced
+# by scripts/test). Installed with apt-get when missing, run as a plain process with a
+# node name, ports and directories of its own under .brokers/rabbitmq. Point the tests at
+# another broker with RUSTSTREAM_RABBITMQ_URL; nothing is started then.
+source scripts/brokers/lib.sh
+if [ -z "${RUSTSTREAM_RABBITMQ_URL:-}" ]; then
+  if ! command -v rabbitmq-server >/dev/null; then
+    echo "installing rabbitmq-server (Debian)" >&2
+    sudo_if_needed=""
+    [ "$(id -u)" -ne 0 ] && sudo_if_needed="sudo"
+    ($sudo_if_needed apt-get update -qq && $sudo_if_needed apt-get install -y -qq --no-install-recommends rabbitmq-server) >&2 \
+      || { echo "cannot install rabbitmq-server" >&2; return 1; }
+  fi
+  rabbitmq_port=${RUSTSTREAM_RABBITMQ_PORT:-15673}
+  if ! listening "$rabbitmq_port"; then
+    base=$PWD/.brokers/rabbitmq
+    mkdir -p "$base/home" "$base/mnesia" "$base/log"
+    echo '[].' > "$base/enabled_plugins"
+    # Debian's wrapper switches to the rabbitmq user when run as root: it must own these.
+    if [ "$(id -u)" -eq 0 ] && id rabbitmq >/dev/null 2>&1; then
+      chown -R rabbitmq:rabbitmq "$base"
+    fi
+    HOME="$base/home" \
+      RABBITMQ_NODENAME="ruststream-test@localhost" \
+      RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 \
+      RABBITMQ_NODE_PORT="$rabbitmq_port" \
+      RABBITMQ_DIST_PORT=$((rabbitmq_port + 10000)) \
+      RABBITMQ_MNESIA_BASE="$base/mnesia" \
+      RABBITMQ_LOG_BASE="$base/log" \
+      RABBITMQ_ENABLED_PLUGINS_FILE="$base/enabled_plugins" \
+      ERL_EPMD_ADDRESS=127.0.0.1 \
+      nohup rabbitmq-server > .brokers/rabbitmq-server.log 2>&1 &
+    # About 8 s to its first accepted connection on these machines.
+    for _ in $(seq 1 600); do
+      listening "$rabbitmq_port" && break
+      sleep 0.1
+    done
+    if ! listening "$rabbitmq_port"; then
+      echo "rabbitmq-server did not start listening on 127.0.0.1:$rabbitmq_port; its log:" >&2
+      tail -50 .brokers/rabbitmq-server.log >&2 || true
+      return 1
+    fi
+    echo "started rabbitmq-server on 127.0.0.1:$rabbitmq_port" >&2
+  fi
+  export RUSTSTREAM_RABBITMQ_URL="amqp://guest:guest@127.0.0.1:$rabbitmq_port/%2f"
+fi
