@@ -14,6 +14,7 @@ use ruststream_kafka::Kafka;
 use ruststream_nats::Nats;
 use ruststream_nats::async_nats::jetstream::{self, stream};
 use ruststream_pulsar::Pulsar;
+use ruststream_rabbitmq::{QueueKind, RabbitMq};
 
 const SERVICE: &str = env!("CARGO_BIN_EXE_fault-service");
 
@@ -26,6 +27,7 @@ struct Target {
     url: String,
     publisher: Publisher,
     nats: Option<Nats>,
+    rabbit: Option<RabbitMq>,
 }
 
 fn env(name: &str) -> String {
@@ -81,6 +83,26 @@ async fn target(transport: &'static str) -> Target {
                 None,
             )
         }
+        "rabbitmq-classic" | "rabbitmq-quorum" => {
+            let url = env("RUSTSTREAM_RABBITMQ_URL");
+            let rabbit = RabbitMq::connect(&url)
+                .await
+                .unwrap_or_else(|e| panic!("the fault tests need rabbitmq-server: {e}"));
+            let label = if transport == "rabbitmq-quorum" {
+                "RabbitMQ quorum queue"
+            } else {
+                "RabbitMQ classic queue"
+            };
+            let publisher = Publisher::new(rabbit.publish_handle());
+            return Target {
+                transport,
+                label,
+                url,
+                publisher,
+                nats: None,
+                rabbit: Some(rabbit),
+            };
+        }
         other => panic!("no target {other}"),
     };
     Target {
@@ -89,6 +111,7 @@ async fn target(transport: &'static str) -> Target {
         url,
         publisher,
         nats,
+        rabbit: None,
     }
 }
 
@@ -112,6 +135,20 @@ impl Target {
                 name
             }
             "pulsar" => format!("persistent://public/default/{}", unique("kill")),
+            "rabbitmq-classic" | "rabbitmq-quorum" => {
+                let name = unique("kill");
+                let rabbit = self.rabbit.as_ref().expect("RabbitMQ client");
+                let kind = if self.transport == "rabbitmq-quorum" {
+                    QueueKind::Quorum
+                } else {
+                    QueueKind::Classic
+                };
+                rabbit
+                    .declare_queue(&name, kind)
+                    .await
+                    .expect("declare the queue");
+                name
+            }
             _ => {
                 let topic = unique("kill");
                 kafka::create_topics(&self.url, &[&topic]).await;
@@ -353,4 +390,27 @@ async fn k6_transactional_sigkill_while_handlers_run_loses_nothing() {
 async fn k7_d2_transactional_sigkill_during_retry_after_loses_nothing() {
     // A record waiting for its retry copy holds the window's position back.
     assert_eq!(kill_during_retry_after("kafka-transactional", "").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r2_rabbitmq_classic_sigkill_while_handlers_run_loses_nothing() {
+    // Unacknowledged deliveries go back to the queue when the connection dies.
+    assert_eq!(kill_while_handlers_run("rabbitmq-classic", "").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r4_rabbitmq_classic_sigkill_during_retry_after_loses_nothing() {
+    // The original stays unacknowledged until its copy is confirmed (R4).
+    assert_eq!(kill_during_retry_after("rabbitmq-classic", "").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r2_rabbitmq_quorum_sigkill_while_handlers_run_loses_nothing() {
+    assert_eq!(kill_while_handlers_run("rabbitmq-quorum", "").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r4_rabbitmq_quorum_sigkill_during_retry_after_loses_nothing() {
+    // Held unacknowledged in the killed process: the broker gives it back (R4).
+    assert_eq!(kill_during_retry_after("rabbitmq-quorum", "").await, 0);
 }

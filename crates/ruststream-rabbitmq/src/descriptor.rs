@@ -82,19 +82,6 @@ impl RabbitQueue {
         self.prefetch = prefetch;
         self
     }
-
-    fn queue_arguments(&self) -> FieldTable {
-        let mut arguments = FieldTable::default();
-        let kind = match self.kind {
-            QueueKind::Classic => "classic",
-            QueueKind::Quorum => "quorum",
-        };
-        arguments.insert(
-            ShortString::from("x-queue-type"),
-            AMQPValue::LongString(LongString::from(kind)),
-        );
-        arguments
-    }
 }
 
 impl Descriptor for RabbitQueue {
@@ -154,35 +141,13 @@ impl Descriptor for RabbitQueue {
 
     async fn open(self, _declaration: &Declaration) -> Result<RabbitSubscription, SubscribeError> {
         let fail = |e: lapin::Error| SubscribeError::new(&self.queue, e);
-        // A passive declare that fails closes its channel: it gets one of its own.
-        let probe = self
-            .rabbit
-            .connection
-            .create_channel()
-            .await
-            .map_err(fail)?;
-        let options = QueueDeclareOptions {
-            passive: !self.declare,
-            durable: true,
-            ..QueueDeclareOptions::default()
-        };
-        let arguments = if self.declare {
-            self.queue_arguments()
-        } else {
-            FieldTable::default()
-        };
-        probe
-            .queue_declare(ShortString::from(self.queue.as_str()), options, arguments)
-            .await
-            .map_err(|e| {
-                let why = if self.declare {
-                    format!("declaring the queue (durable, {:?}): {e}", self.kind)
-                } else {
-                    format!("the queue does not exist (or cannot be read); `.declare(true)` declares it: {e}")
-                };
-                SubscribeError::new(&self.queue, why)
-            })?;
-        let _ = probe.close(200, ShortString::from("declared")).await;
+        declare(
+            &self.rabbit.connection,
+            &self.queue,
+            self.kind,
+            self.declare,
+        )
+        .await?;
         let channel = self
             .rabbit
             .connection
@@ -209,6 +174,49 @@ impl Descriptor for RabbitQueue {
             self.kind == QueueKind::Quorum,
         ))
     }
+}
+
+/// Declares `queue` (durable, of `kind`) when `create`, else checks that it exists (a
+/// passive declare); either on a channel of its own, which a refusal closes.
+pub(crate) async fn declare(
+    connection: &lapin::Connection,
+    queue: &str,
+    kind: QueueKind,
+    create: bool,
+) -> Result<(), SubscribeError> {
+    let channel = connection
+        .create_channel()
+        .await
+        .map_err(|e| SubscribeError::new(queue, e))?;
+    let mut arguments = FieldTable::default();
+    if create {
+        let kind_name = match kind {
+            QueueKind::Classic => "classic",
+            QueueKind::Quorum => "quorum",
+        };
+        arguments.insert(
+            ShortString::from("x-queue-type"),
+            AMQPValue::LongString(LongString::from(kind_name)),
+        );
+    }
+    let options = QueueDeclareOptions {
+        passive: !create,
+        durable: true,
+        ..QueueDeclareOptions::default()
+    };
+    channel
+        .queue_declare(ShortString::from(queue), options, arguments)
+        .await
+        .map_err(|e| {
+            let why = if create {
+                format!("declaring the queue (durable, {kind:?}): {e}")
+            } else {
+                format!("the queue does not exist (or cannot be read); `.declare(true)` declares it: {e}")
+            };
+            SubscribeError::new(queue, why)
+        })?;
+    let _ = channel.close(200, ShortString::from("declared")).await;
+    Ok(())
 }
 
 /// Why `queue` is not a queue name a publish can reach, or `None`.

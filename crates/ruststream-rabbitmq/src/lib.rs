@@ -148,6 +148,17 @@ impl RabbitMq {
         RabbitQueue::new(self.clone(), queue.into())
     }
 
+    /// Declares a durable queue of `kind` (nothing changes when it exists with that kind;
+    /// a different kind is an error naming the queue): for the dead-letter and retry
+    /// queues a registration publishes to, which ruststream does not create.
+    pub async fn declare_queue(
+        &self,
+        queue: &str,
+        kind: QueueKind,
+    ) -> Result<(), ruststream_core::SubscribeError> {
+        descriptor::declare(&self.connection, queue, kind, true).await
+    }
+
     /// Publishes to a queue by name, with publisher confirms.
     pub fn publisher(&self) -> RabbitPublisher {
         self.publisher.clone()

@@ -8,7 +8,7 @@ use ruststream::conformance::Bed;
 use ruststream_rabbitmq::{QueueKind, RabbitMq, RabbitQueue};
 
 mod common;
-use common::{declare, rabbit, text};
+use common::rabbit;
 
 struct Queues {
     rabbit: RabbitMq,
@@ -21,11 +21,10 @@ impl Bed for Queues {
     /// A new durable queue of the bed's kind.
     async fn address(&self) -> String {
         let name = format!("suite-{}", ruststream_test_support::unique_suffix());
-        let kind = match self.kind {
-            QueueKind::Quorum => vec![("x-queue-type", text("quorum"))],
-            _ => Vec::new(),
-        };
-        declare(&self.rabbit, &name, &kind).await;
+        self.rabbit
+            .declare_queue(&name, self.kind)
+            .await
+            .expect("declare the queue");
         name
     }
 
@@ -47,7 +46,10 @@ impl Bed for Queues {
     }
 
     fn label(&self) -> String {
-        format!("RabbitMQ {:?} queue", self.kind)
+        match self.kind {
+            QueueKind::Quorum => "RabbitMQ quorum queue".into(),
+            _ => "RabbitMQ classic queue".into(),
+        }
     }
 }
 

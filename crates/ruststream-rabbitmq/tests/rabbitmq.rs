@@ -346,3 +346,30 @@ async fn r5_at_the_cap_the_delivery_goes_to_the_dead_letter_queue_as_it_arrived(
         "the original was acknowledged"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_password_fails_at_once_naming_the_address_never_the_password() {
+    ruststream_test_support::capture_logs("trace");
+    let url = std::env::var("RUSTSTREAM_RABBITMQ_URL").expect("RUSTSTREAM_RABBITMQ_URL");
+    let wrong = "pw-wrong-6d1f3e";
+    let (scheme, rest) = url.split_once("://").expect("a URL");
+    let host = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
+    let bad = format!("{scheme}://guest:{wrong}@{host}");
+    let started = std::time::Instant::now();
+    let error = RabbitMq::connect(&bad)
+        .await
+        .expect_err("the broker refuses the password");
+    assert!(started.elapsed() < Duration::from_secs(5), "failed at once");
+    let shown = format!("{error} {error:?}");
+    let address = host.split('/').next().expect("host:port");
+    assert!(shown.contains(address), "{shown}");
+    assert!(shown.contains("guest:***@"), "masked: {shown}");
+    assert!(!shown.contains(wrong), "{shown}");
+    let logged = ruststream_test_support::logs();
+    let holding: Vec<&str> = logged.lines().filter(|l| l.contains(wrong)).collect();
+    assert!(
+        holding.is_empty(),
+        "log lines hold the password:\n{}",
+        holding.join("\n")
+    );
+}

@@ -172,3 +172,29 @@ pub fn report(path: &str, raw: &[Figures], framework: &[Figures], load: &str) ->
         lost(framework),
     )
 }
+
+/// The message every consume benchmark decodes (`{id,price,qty,buy}`, serde_json).
+#[derive(Debug, serde::Deserialize)]
+pub struct Tick {
+    /// Order id.
+    pub id: u64,
+    /// Price.
+    pub price: u32,
+    /// Quantity.
+    pub qty: u16,
+    /// Side.
+    pub buy: bool,
+}
+
+/// A [`Tick`] as the benchmarks publish it.
+pub const PAYLOAD: &[u8] = br#"{"id":123456,"price":4200,"qty":7,"buy":true}"#;
+
+/// The benchmarks' handler: decode (by the extractor), count, ack.
+pub async fn handle(
+    ruststream::Message(tick): ruststream::Message<Tick>,
+    ruststream::State(span): ruststream::State<Arc<Mutex<Span>>>,
+) -> ruststream::HandlerOutcome {
+    std::hint::black_box(tick);
+    Span::hit(&span);
+    ruststream::HandlerOutcome::ack()
+}

@@ -7,7 +7,8 @@
 //!   `kafka-tracked` / `kafka-auto` / `kafka-transactional` (topic `address`, group
 //!   `group`; the exactly-once pipeline's id is `<group>-tx`), `pulsar` (Shared
 //!   subscription `group` on topic `address`; `url` is the broker's `host:port`, reached
-//!   through the checksum relay).
+//!   through the checksum relay), `rabbitmq-classic` / `rabbitmq-quorum` (queue `address`,
+//!   declared by the test, of that kind; `group` unused).
 //! - mode: `ack` (ack at once), `slow` (work 50 ms, then ack), `hold` (the first attempt
 //!   asks `retry_after(3 s)`, later ones ack), `hang` (never returns).
 //!
@@ -29,6 +30,7 @@ use ruststream_nats::Nats;
 use ruststream_pulsar::pulsar::ConsumerOptions;
 use ruststream_pulsar::pulsar::consumer::InitialPosition;
 use ruststream_pulsar::{Pulsar, SubType};
+use ruststream_rabbitmq::{QueueKind, RabbitMq};
 
 #[derive(Clone, Copy)]
 enum Mode {
@@ -155,8 +157,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 );
             serve(topic, mode).await
         }
+        "rabbitmq-classic" | "rabbitmq-quorum" => {
+            // The test declared the queue, of this kind.
+            let rabbit = RabbitMq::connect(url).await?;
+            let kind = if transport == "rabbitmq-quorum" {
+                QueueKind::Quorum
+            } else {
+                QueueKind::Classic
+            };
+            serve(rabbit.queue(address).kind(kind), mode).await
+        }
         other => Err(format!(
-            "unknown transport `{other}`: core, jetstream, kafka-tracked, kafka-auto, kafka-transactional or pulsar"
+            "unknown transport `{other}`: core, jetstream, kafka-tracked, kafka-auto, kafka-transactional, pulsar, rabbitmq-classic or rabbitmq-quorum"
         )
         .into()),
     }

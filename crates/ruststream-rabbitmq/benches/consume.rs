@@ -1,0 +1,123 @@
+//! What consuming costs through ruststream (classic queue, ack) next to the raw `lapin`
+//! loop (next, decode, `basic.ack`) on the same messages, in one run: CPU time of the
+//! consuming thread per message, and the rate (see `ruststream_test_support::bench`).
+//! Needs rabbitmq-server at `RUSTSTREAM_RABBITMQ_URL` (scripts/test starts it).
+//!
+//! Run with `cargo bench -p ruststream-rabbitmq --bench consume`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
+use lapin::types::{FieldTable, ShortString};
+use ruststream::{App, Headers, on};
+use ruststream_rabbitmq::{DEFAULT_PREFETCH, QueueKind, RabbitMq, lapin};
+use ruststream_test_support::bench::{
+    Figures, PAYLOAD, Span, Tick, handle, load_average, own_thread, report,
+};
+
+const MESSAGES: usize = 20_000;
+const ROUNDS: usize = 3;
+const LIMIT: Duration = Duration::from_secs(300);
+
+async fn fill(rabbit: &RabbitMq, queue: &str) {
+    rabbit
+        .declare_queue(queue, QueueKind::Classic)
+        .await
+        .expect("declared");
+    let publisher = rabbit.publisher();
+    for _ in 0..MESSAGES {
+        publisher
+            .send(queue, &Headers::new(), PAYLOAD)
+            .await
+            .expect("sent");
+    }
+}
+
+/// The loop a user would write: next, decode, ack, with the same prefetch.
+async fn raw(rabbit: RabbitMq, queue: String) -> Figures {
+    own_thread(move || async move {
+        let channel = rabbit.connection().create_channel().await.expect("channel");
+        channel
+            .basic_qos(DEFAULT_PREFETCH, BasicQosOptions::default())
+            .await
+            .expect("qos");
+        let mut consumer = channel
+            .basic_consume(
+                ShortString::from(queue.as_str()),
+                ShortString::from("raw"),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("consumer");
+        let span = Span::new(MESSAGES);
+        for _ in 0..MESSAGES {
+            let delivery = consumer.next().await.expect("open").expect("delivery");
+            let tick: Tick = serde_json::from_slice(&delivery.data).expect("decodes");
+            std::hint::black_box(tick);
+            channel
+                .basic_ack(delivery.delivery_tag, BasicAckOptions::default())
+                .await
+                .expect("ack");
+            Span::hit(&span);
+        }
+        let figures = Span::figures(&span);
+        let _ = channel.close(200, ShortString::from("done")).await;
+        figures
+    })
+    .await
+}
+
+async fn framework(rabbit: RabbitMq, queue: String) -> Figures {
+    own_thread(move || async move {
+        let span = Span::new(MESSAGES);
+        let running = App::new()
+            .state(Arc::clone(&span))
+            .register(on(rabbit.queue(queue), handle))
+            .start()
+            .await
+            .expect("start");
+        Span::wait(&span, LIMIT, LIMIT).await;
+        let figures = Span::figures(&span);
+        running.stop().await;
+        figures
+    })
+    .await
+}
+
+#[tokio::main]
+async fn main() {
+    let url = std::env::var("RUSTSTREAM_RABBITMQ_URL")
+        .expect("RUSTSTREAM_RABBITMQ_URL: run scripts/test or start rabbitmq-server");
+    let rabbit = RabbitMq::connect(&url).await.expect("connect");
+    let load = load_average();
+    let (mut raws, mut frameworks) = (Vec::new(), Vec::new());
+    for round in 0..ROUNDS {
+        let (raw_queue, framework_queue) = (
+            format!("bench-raw-{}-{round}", std::process::id()),
+            format!("bench-framework-{}-{round}", std::process::id()),
+        );
+        fill(&rabbit, &raw_queue).await;
+        fill(&rabbit, &framework_queue).await;
+        let (r, f) = if round % 2 == 0 {
+            let r = raw(rabbit.clone(), raw_queue).await;
+            (r, framework(rabbit.clone(), framework_queue).await)
+        } else {
+            let f = framework(rabbit.clone(), framework_queue).await;
+            (raw(rabbit.clone(), raw_queue).await, f)
+        };
+        raws.push(r);
+        frameworks.push(f);
+    }
+    println!(
+        "{}",
+        report(
+            &format!("rabbitmq/consume (classic queue, ack, {MESSAGES} messages)"),
+            &raws,
+            &frameworks,
+            &format!("{load} at start, {} at end", load_average())
+        )
+    );
+}
