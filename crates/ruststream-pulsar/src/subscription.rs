@@ -13,7 +13,7 @@ use pulsar::message::Payload;
 use pulsar::message::proto::MessageIdData;
 use ruststream_core::hash::SpreadMap;
 use ruststream_core::{
-    AckError, AddressNames, Attempt, Delivery, Headers, Metadata, Settle, SubscribeError,
+    AckError, AddressNames, Attempt, Delivery, Due, Headers, Metadata, Settle, SubscribeError,
     Subscription,
 };
 use tokio::time::Instant;
@@ -40,28 +40,6 @@ fn key(id: &MessageIdData) -> IdKey {
 }
 
 /// A delivery held for its `retry_after`, nacked when due.
-struct Held {
-    due: Instant,
-    receipt: PulsarReceipt,
-}
-
-impl PartialEq for Held {
-    fn eq(&self, other: &Self) -> bool {
-        self.due == other.due
-    }
-}
-impl Eq for Held {}
-impl PartialOrd for Held {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Held {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.due.cmp(&other.due)
-    }
-}
-
 /// An open subscription. Only its driver task calls it, so every ack, nack and held
 /// redelivery is made by the driver task (P3).
 pub struct PulsarSubscription {
@@ -77,7 +55,7 @@ pub struct PulsarSubscription {
     counts: bool,
     max_attempts: Option<u32>,
     attempts: SpreadMap<IdKey, u32>,
-    held: BinaryHeap<Reverse<Held>>,
+    held: BinaryHeap<Reverse<Due<Instant, PulsarReceipt>>>,
     /// The held waits of a lost consumer, by message id: when each is due.
     waits: SpreadMap<IdKey, Instant>,
     topics: AddressNames,
@@ -170,7 +148,7 @@ impl PulsarSubscription {
         let now = Instant::now();
         self.waits.retain(|_, due| *due > now);
         for Reverse(held) in self.held.drain() {
-            self.waits.insert(key(&held.receipt.id), held.due);
+            self.waits.insert(key(&held.item.id), held.due);
         }
     }
 
@@ -212,7 +190,7 @@ impl Subscription for PulsarSubscription {
             {
                 // Popped only once the nack is done: a `next` cut short by the driver
                 // leaves it held, to be nacked on the next call.
-                let receipt = first.receipt.clone();
+                let receipt = first.item.clone();
                 let nacked = self.nack(receipt).await;
                 self.held.pop();
                 if let Err(e) = nacked {
@@ -249,9 +227,9 @@ impl Subscription for PulsarSubscription {
                 && due > Instant::now()
             {
                 // Held when the last connection died, and back before its delay is over.
-                self.held.push(Reverse(Held {
+                self.held.push(Reverse(Due {
                     due,
-                    receipt: PulsarReceipt { topic, id },
+                    item: PulsarReceipt { topic, id },
                 }));
                 continue;
             }
@@ -274,9 +252,9 @@ impl Subscription for PulsarSubscription {
             Settle::RedeliverAfter(delay) => {
                 // Held unacknowledged here; `next` nacks it when the delay is over. A stop
                 // before then loses the wait, not the message (P7).
-                self.held.push(Reverse(Held {
+                self.held.push(Reverse(Due {
                     due: Instant::now() + delay,
-                    receipt,
+                    item: receipt,
                 }));
                 Ok(())
             }

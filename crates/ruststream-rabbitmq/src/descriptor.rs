@@ -168,6 +168,7 @@ impl Descriptor for RabbitQueue {
             .await
             .map_err(fail)?;
         Ok(RabbitSubscription::new(
+            Arc::clone(&self.rabbit.connection),
             channel,
             consumer,
             &self.queue,

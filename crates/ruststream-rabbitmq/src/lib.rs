@@ -102,7 +102,10 @@ impl RabbitMq {
             url: shown.clone(),
             source,
         };
-        let connecting = lapin::Connection::connect(url, lapin::ConnectionProperties::default());
+        // lapin reconnects and declares channels, QoS and consumers again after a lost
+        // connection (its auto-recovery); the subscription waits for it.
+        let properties = lapin::ConnectionProperties::default().enable_auto_recover();
+        let connecting = lapin::Connection::connect(url, properties);
         let connection = tokio::time::timeout(timeout, connecting)
             .await
             .map_err(|_| fail(Cause::new(format!("no answer within {timeout:?}"))))?

@@ -11,26 +11,28 @@ use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicNackOptions, Basi
 use lapin::types::ShortString;
 use lapin::{Channel, Consumer};
 use ruststream_core::{
-    AckError, Attempt, Delivery, Metadata, Settle, SubscribeError, Subscription,
+    AckError, Attempt, Delivery, Due, Metadata, Settle, SubscribeError, Subscription,
 };
 use tokio::time::Instant;
 
 use crate::publish::{from_table, number};
 
-/// What settles one delivery: its tag on the subscription's channel.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+/// What settles one delivery: lapin's acker for it, which refuses (rather than sends a
+/// stale tag on a recovered channel) once the connection it came on was lost.
+#[derive(Debug, Clone)]
 pub struct RabbitReceipt {
-    tag: u64,
+    acker: lapin::Acker,
 }
 
 /// The open subscription (its driver task is the only caller).
 pub struct RabbitSubscription {
+    connection: Arc<lapin::Connection>,
     channel: Channel,
     consumer: Consumer,
     address: Arc<str>,
     quorum: bool,
     /// Quorum queues: `retry_after` waits, nacked by `next` once due.
-    held: BinaryHeap<Reverse<(Instant, RabbitReceipt)>>,
+    held: BinaryHeap<Reverse<Due<Instant, RabbitReceipt>>>,
 }
 
 impl std::fmt::Debug for RabbitSubscription {
@@ -42,8 +44,15 @@ impl std::fmt::Debug for RabbitSubscription {
 }
 
 impl RabbitSubscription {
-    pub(crate) fn new(channel: Channel, consumer: Consumer, address: &str, quorum: bool) -> Self {
+    pub(crate) fn new(
+        connection: Arc<lapin::Connection>,
+        channel: Channel,
+        consumer: Consumer,
+        address: &str,
+        quorum: bool,
+    ) -> Self {
         Self {
+            connection,
             channel,
             consumer,
             address: Arc::from(address),
@@ -73,21 +82,20 @@ impl RabbitSubscription {
         (
             delivery,
             RabbitReceipt {
-                tag: message.delivery_tag,
+                acker: message.acker,
             },
         )
     }
 
-    async fn nack(&self, receipt: RabbitReceipt) -> Result<(), AckError> {
-        self.channel
-            .basic_nack(
-                receipt.tag,
-                BasicNackOptions {
-                    multiple: false,
-                    requeue: true,
-                },
-            )
+    async fn nack(&self, receipt: &RabbitReceipt) -> Result<(), AckError> {
+        receipt
+            .acker
+            .nack(BasicNackOptions {
+                multiple: false,
+                requeue: true,
+            })
             .await
+            .map(drop)
             .map_err(AckError::failed)
     }
 }
@@ -97,18 +105,19 @@ impl Subscription for RabbitSubscription {
 
     async fn next(&mut self) -> Option<Result<(Delivery, RabbitReceipt), SubscribeError>> {
         loop {
-            if let Some(Reverse((due, receipt))) = self.held.peek().copied()
-                && due <= Instant::now()
+            if let Some(Reverse(first)) = self.held.peek()
+                && first.due <= Instant::now()
             {
                 // Popped once nacked: a `next` cut short leaves it held for the next call.
-                let nacked = self.nack(receipt).await;
+                let receipt = first.item.clone();
+                let nacked = self.nack(&receipt).await;
                 self.held.pop();
                 if let Err(e) = nacked {
                     tracing::warn!(address = &*self.address, error = %e, "nack after retry_after failed");
                 }
                 continue;
             }
-            let due = self.held.peek().map(|Reverse((due, _))| *due);
+            let due = self.held.peek().map(|Reverse(held)| held.due);
             let next = match due {
                 None => self.consumer.next().await,
                 Some(due) => tokio::select! {
@@ -118,7 +127,25 @@ impl Subscription for RabbitSubscription {
             };
             return match next {
                 Some(Ok(message)) => Some(Ok(self.delivery(message))),
-                Some(Err(e)) => Some(Err(SubscribeError::new(&*self.address, e))),
+                Some(Err(e)) => {
+                    // The connection was lost: lapin reconnects and declares the consumer
+                    // again (auto-recovery); what was delivered and not acknowledged comes
+                    // back from the broker, and its old receipts refuse to settle.
+                    tracing::warn!(address = &*self.address, error = %e, "connection lost; waiting for it to recover");
+                    match self.channel.wait_for_recovery(e).await {
+                        Ok(()) => {
+                            // Held waits belong to the lost channel: the broker gives
+                            // those deliveries back by itself.
+                            self.held.clear();
+                            tracing::info!(
+                                address = &*self.address,
+                                "connection recovered; consuming again"
+                            );
+                            continue;
+                        }
+                        Err(e) => Some(Err(SubscribeError::new(&*self.address, e))),
+                    }
+                }
                 None => Some(Err(SubscribeError::new(
                     &*self.address,
                     "the consumer was cancelled or its connection lost",
@@ -130,23 +157,28 @@ impl Subscription for RabbitSubscription {
     async fn settle(&mut self, receipt: RabbitReceipt, settle: Settle) -> Result<(), AckError> {
         match settle {
             Settle::Nothing => Ok(()),
-            Settle::Ack => self
-                .channel
-                .basic_ack(receipt.tag, BasicAckOptions::default())
+            Settle::Ack => receipt
+                .acker
+                .ack(BasicAckOptions::default())
                 .await
+                .map(drop)
                 .map_err(AckError::failed),
             // To the queue's dead-letter exchange if it has one, else discarded (R1).
-            Settle::Drop => self
-                .channel
-                .basic_reject(receipt.tag, BasicRejectOptions { requeue: false })
+            Settle::Drop => receipt
+                .acker
+                .reject(BasicRejectOptions { requeue: false })
                 .await
+                .map(drop)
                 .map_err(AckError::failed),
-            Settle::Redeliver => self.nack(receipt).await,
+            Settle::Redeliver => self.nack(&receipt).await,
             Settle::RedeliverAfter(delay) => {
                 // Held unacknowledged here; `next` nacks it once due. A crash gives it back
                 // at once (the channel closes), a stop likewise: the wait is lost, not
                 // the message (R4).
-                self.held.push(Reverse((Instant::now() + delay, receipt)));
+                self.held.push(Reverse(Due {
+                    due: Instant::now() + delay,
+                    item: receipt,
+                }));
                 Ok(())
             }
         }
@@ -154,6 +186,11 @@ impl Subscription for RabbitSubscription {
 
     fn holding(&self) -> usize {
         self.held.len()
+    }
+
+    fn link(&self) -> Option<ruststream_core::LinkProbe> {
+        let connection = Arc::clone(&self.connection);
+        Some(Arc::new(move || connection.status().connected()))
     }
 
     async fn close(self) {

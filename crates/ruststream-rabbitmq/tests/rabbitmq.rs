@@ -373,3 +373,24 @@ async fn a_wrong_password_fails_at_once_naming_the_address_never_the_password() 
         holding.join("\n")
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g7_start_against_a_closed_port_fails_within_the_timeout_naming_it() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let url = format!("amqp://guest:s3cret@127.0.0.1:{port}/%2f");
+    let started = std::time::Instant::now();
+    let error = RabbitMq::connect_within(&url, Duration::from_secs(2))
+        .await
+        .expect_err("nothing listens there");
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+    let shown = format!("{error} {error:?}");
+    assert!(shown.contains(&format!("127.0.0.1:{port}")), "{shown}");
+    assert!(!shown.contains("s3cret"), "{shown}");
+}
