@@ -51,11 +51,7 @@ async fn a_failed_authenticated_start_never_prints_the_password() {
     // Accepts and closes every connection: the handshake never completes.
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("listen");
     let address = listener.local_addr().expect("address").to_string();
-    tokio::spawn(async move {
-        while let Ok((socket, _)) = listener.accept().await {
-            drop(socket);
-        }
-    });
+    ruststream_test_support::close_every_connection(listener);
     let security = Security::SaslTls(
         Sasl::ScramSha512 {
             user: "billing".into(),
@@ -81,13 +77,7 @@ async fn a_failed_authenticated_start_never_prints_the_password() {
     let shown = format!("{error} {error:?} {kafka:?} {security:?}");
     assert!(shown.contains(&address), "{shown}");
     assert!(!shown.contains(PASSWORD), "{shown}");
-    let logged = logs();
-    let holding: Vec<&str> = logged.lines().filter(|l| l.contains(PASSWORD)).collect();
-    assert!(
-        holding.is_empty(),
-        "log lines hold the password:\n{}",
-        holding.join("\n")
-    );
+    ruststream_test_support::assert_no_log_line_holds(PASSWORD);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -135,11 +125,7 @@ async fn oauthbearer_tokens_come_from_the_callback_and_are_never_printed() {
     capture_logs("debug,rdkafka=debug,librdkafka=debug");
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("listen");
     let address = listener.local_addr().expect("address").to_string();
-    tokio::spawn(async move {
-        while let Ok((socket, _)) = listener.accept().await {
-            drop(socket);
-        }
-    });
+    ruststream_test_support::close_every_connection(listener);
     let asked = Arc::new(AtomicUsize::new(0));
     let counted = Arc::clone(&asked);
     let tokens = OAuthBearer::new(move || {
@@ -166,13 +152,7 @@ async fn oauthbearer_tokens_come_from_the_callback_and_are_never_printed() {
     assert!(asked.load(Ordering::SeqCst) >= 2, "asked {asked:?} times");
     let shown = format!("{refused:?} {kafka:?} {security:?}");
     assert!(!shown.contains(TOKEN), "{shown}");
-    let logged = logs();
-    let holding: Vec<&str> = logged.lines().filter(|l| l.contains(TOKEN)).collect();
-    assert!(
-        holding.is_empty(),
-        "log lines hold the token:\n{}",
-        holding.join("\n")
-    );
+    ruststream_test_support::assert_no_log_line_holds(TOKEN);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{capture_logs, create_stream, eventually, logs, own_server, unique};
+use common::{capture_logs, create_stream, eventually, own_server, unique};
 use ruststream::{App, HandlerOutcome, Message, Publisher, State, on};
 use ruststream_core::Secret;
 use ruststream_nats::Nats;
@@ -51,17 +51,6 @@ async fn nats_server<A: AsRef<std::ffi::OsStr>>(args: &[A]) -> Server {
         _process: server,
         _store: store,
     }
-}
-
-/// No captured log line holds `secret`; the ones that do are shown.
-fn assert_no_line_holds(secret: &str) {
-    let logged = logs();
-    let holding: Vec<&str> = logged.lines().filter(|l| l.contains(secret)).collect();
-    assert!(
-        holding.is_empty(),
-        "log lines hold the password:\n{}",
-        holding.join("\n")
-    );
 }
 
 fn with_password(password: &Secret) -> async_nats::ConnectOptions {
@@ -143,7 +132,7 @@ async fn a_wrong_password_fails_at_once_naming_the_reason_and_the_address_not_th
     assert!(shown.contains(&server.address), "{shown}");
     assert!(shown.to_lowercase().contains("authorization"), "{shown}");
     assert!(!shown.contains(WRONG), "{shown}");
-    assert_no_line_holds(WRONG);
+    ruststream_test_support::assert_no_log_line_holds(WRONG);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -163,13 +152,13 @@ async fn a_password_inside_the_url_is_never_printed() {
         "{shown}"
     );
     assert!(!shown.contains(WRONG), "{shown}");
-    assert_no_line_holds(WRONG);
+    ruststream_test_support::assert_no_log_line_holds(WRONG);
     // The right password in the URL connects (async-nats reads user-info as credentials).
     let url = format!("nats://{USER}:{PASSWORD}@{}", server.address);
     Nats::connect(&url)
         .await
         .expect("credentials in the URL connect");
-    assert_no_line_holds(PASSWORD);
+    ruststream_test_support::assert_no_log_line_holds(PASSWORD);
 }
 
 /// A CA, and a server certificate it signed for 127.0.0.1 and localhost, as PEM files.
@@ -302,8 +291,8 @@ async fn a_token_connects_and_a_wrong_one_is_refused_without_being_printed() {
         "{shown}"
     );
     assert!(!shown.contains(wrong) && !shown.contains(token), "{shown}");
-    assert_no_line_holds(token);
-    assert_no_line_holds(wrong);
+    ruststream_test_support::assert_no_log_line_holds(token);
+    ruststream_test_support::assert_no_log_line_holds(wrong);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -354,7 +343,7 @@ async fn an_nkey_connects_and_another_is_refused_without_its_seed_printed() {
     assert!(shown.contains(&server.address), "{shown}");
     for secret in [seed.expose(), other.expose()] {
         assert!(!shown.contains(secret), "{shown}");
-        assert_no_line_holds(secret);
+        ruststream_test_support::assert_no_log_line_holds(secret);
     }
     let _ = std::fs::remove_file(config);
 }

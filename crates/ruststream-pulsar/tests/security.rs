@@ -32,11 +32,7 @@ async fn first_frame(listener: TcpListener) -> Vec<u8> {
     let mut frame = vec![0; u32::from_be_bytes(size) as usize];
     socket.read_exact(&mut frame).await.expect("a whole frame");
     drop(socket);
-    tokio::spawn(async move {
-        while let Ok((socket, _)) = listener.accept().await {
-            drop(socket);
-        }
-    });
+    ruststream_test_support::close_every_connection(listener);
     frame
 }
 

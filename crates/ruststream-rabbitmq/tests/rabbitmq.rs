@@ -365,13 +365,7 @@ async fn a_wrong_password_fails_at_once_naming_the_address_never_the_password() 
     assert!(shown.contains(address), "{shown}");
     assert!(shown.contains("guest:***@"), "masked: {shown}");
     assert!(!shown.contains(wrong), "{shown}");
-    let logged = ruststream_test_support::logs();
-    let holding: Vec<&str> = logged.lines().filter(|l| l.contains(wrong)).collect();
-    assert!(
-        holding.is_empty(),
-        "log lines hold the password:\n{}",
-        holding.join("\n")
-    );
+    ruststream_test_support::assert_no_log_line_holds(wrong);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

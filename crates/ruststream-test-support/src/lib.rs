@@ -301,3 +301,24 @@ pub fn ca_pem_file(prefix: &str) -> std::path::PathBuf {
     std::fs::write(&path, ca.pem()).expect("CA file");
     path
 }
+
+/// No line [`capture_logs`] collected holds `secret`; the ones that do are shown.
+pub fn assert_no_log_line_holds(secret: &str) {
+    let logged = logs();
+    let holding: Vec<&str> = logged.lines().filter(|l| l.contains(secret)).collect();
+    assert!(
+        holding.is_empty(),
+        "log lines hold a secret:\n{}",
+        holding.join("\n")
+    );
+}
+
+/// Accepts every connection on `listener` and closes it at once: a broker address where
+/// nothing ever completes a handshake.
+pub fn close_every_connection(listener: tokio::net::TcpListener) {
+    tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            drop(socket);
+        }
+    });
+}
