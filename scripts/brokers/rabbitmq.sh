@@ -14,6 +14,9 @@ if [ -z "${RUSTSTREAM_RABBITMQ_URL:-}" ]; then
   rabbitmq_port=${RUSTSTREAM_RABBITMQ_PORT:-15673}
   if ! listening "$rabbitmq_port"; then
     base=$PWD/.brokers/rabbitmq
+    # A fresh broker each start: the tests' durable queues (hundreds of quorum queues per
+    # run) would otherwise all be recovered at boot and slow the broker down run by run.
+    rm -rf "$base/mnesia"
     mkdir -p "$base/home" "$base/mnesia" "$base/log"
     echo '[].' > "$base/enabled_plugins"
     # Debian's wrapper switches to the rabbitmq user when run as root: it must own these.
