@@ -3,6 +3,16 @@
 # node name, ports and directories of its own under .brokers/rabbitmq. Point the tests at
 # another broker with RUSTSTREAM_RABBITMQ_URL; nothing is started then.
 source scripts/brokers/lib.sh
+# Whether the broker on port $1 answers the AMQP 0-9-1 header with a method frame.
+speaks_amqp() {
+  python3 - "$1" <<'PY' 2>/dev/null
+import socket, sys
+with socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=2) as s:
+    s.settimeout(2)
+    s.sendall(b"AMQP\x00\x00\x09\x01")
+    sys.exit(0 if s.recv(1) == b"\x01" else 1)
+PY
+}
 if [ -z "${RUSTSTREAM_RABBITMQ_URL:-}" ]; then
   if ! command -v rabbitmq-server >/dev/null; then
     echo "installing rabbitmq-server (Debian)" >&2
@@ -33,13 +43,15 @@ if [ -z "${RUSTSTREAM_RABBITMQ_URL:-}" ]; then
       RABBITMQ_ENABLED_PLUGINS_FILE="$base/enabled_plugins" \
       ERL_EPMD_ADDRESS=127.0.0.1 \
       nohup rabbitmq-server > .brokers/rabbitmq-server.log 2>&1 &
-    # About 8 s to its first accepted connection on these machines.
+    # About 8 s to its first accepted connection on these machines. Ready means it
+    # answers the AMQP protocol header with connection.start (a method frame), not just
+    # that its port is open.
     for _ in $(seq 1 600); do
-      listening "$rabbitmq_port" && break
+      speaks_amqp "$rabbitmq_port" && break
       sleep 0.1
     done
-    if ! listening "$rabbitmq_port"; then
-      echo "rabbitmq-server did not start listening on 127.0.0.1:$rabbitmq_port; its log:" >&2
+    if ! speaks_amqp "$rabbitmq_port"; then
+      echo "rabbitmq-server did not answer AMQP on 127.0.0.1:$rabbitmq_port; its log:" >&2
       tail -50 .brokers/rabbitmq-server.log >&2 || true
       return 1
     fi

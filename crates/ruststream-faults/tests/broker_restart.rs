@@ -2,8 +2,8 @@
 //! running as a separate process (`fault-service`, acking everything): the service
 //! reconnects by itself, and every message whose publish the broker confirmed is handled.
 //!
-//! NATS and Pulsar run a broker process of this test's own (installed by scripts/test),
-//! SIGKILLed and started again on the same port and data directory. Kafka runs
+//! NATS, Pulsar and RabbitMQ run a broker process of this test's own (installed by
+//! scripts/test), SIGKILLed and started again on the same port and data directory. Kafka runs
 //! librdkafka's mock cluster: tansu keeps nothing across a restart (see brokers.md), so
 //! its one broker is taken down (connections cut, new ones refused) and brought up again,
 //! keeping its log and offsets.
@@ -25,6 +25,8 @@ use ruststream_kafka::rdkafka::mocking::MockCluster;
 use ruststream_nats::Nats;
 use ruststream_nats::async_nats::jetstream::{self, stream};
 use ruststream_pulsar::Pulsar;
+use ruststream_rabbitmq::{QueueKind, RabbitMq};
+use ruststream_test_support::rabbit_broker::OwnRabbit;
 use tokio::process::{Child, Command};
 
 const SERVICE: &str = env!("CARGO_BIN_EXE_fault-service");
@@ -86,6 +88,7 @@ impl Process {
 /// What the test restarts.
 enum Broker {
     Process(Box<Process>),
+    Rabbit(OwnRabbit),
     Mock(MockCluster<'static, ruststream_kafka::rdkafka::producer::DefaultProducerContext>),
 }
 
@@ -97,6 +100,11 @@ impl Broker {
                 tokio::time::sleep(Duration::from_millis(300)).await;
                 p.up().await;
             }
+            Self::Rabbit(broker) => {
+                broker.kill();
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                broker.start().await;
+            }
             Self::Mock(cluster) => {
                 cluster.broker_down(1).expect("broker down");
                 tokio::time::sleep(Duration::from_secs(1)).await;
@@ -106,8 +114,10 @@ impl Broker {
     }
 
     async fn stop(&mut self) {
-        if let Self::Process(p) = self {
-            p.kill().await;
+        match self {
+            Self::Process(p) => p.kill().await,
+            Self::Rabbit(broker) => broker.kill(),
+            Self::Mock(_) => {}
         }
     }
 }
@@ -394,6 +404,61 @@ async fn n2_core_two_server_restarts_loss_is_measured() {
     )
     .await;
     let _ = std::fs::remove_dir_all(&data);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r8_rabbitmq_classic_two_broker_restarts_lose_no_confirmed_message() {
+    rabbit_restarts(
+        QueueKind::Classic,
+        "RabbitMQ classic queue",
+        "rabbitmq-classic",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r8_rabbitmq_quorum_two_broker_restarts_lose_no_confirmed_message() {
+    rabbit_restarts(
+        QueueKind::Quorum,
+        "RabbitMQ quorum queue",
+        "rabbitmq-quorum",
+    )
+    .await;
+}
+
+/// A rabbitmq-server of this test's own; a durable queue of `kind`, persistent messages.
+async fn rabbit_restarts(kind: QueueKind, label: &str, transport: &str) {
+    let broker = OwnRabbit::new();
+    broker.start().await;
+    let url = broker.url();
+    let rabbit = RabbitMq::connect(&url).await.expect("connect");
+    let queue = unique("restart");
+    rabbit.declare_queue(&queue, kind).await.expect("declared");
+    // As a queue older than 3 minutes would be: see `restart_gracefully`.
+    broker.restart_gracefully().await;
+    let publisher = rabbit.publisher();
+    let send: Send = {
+        let queue = queue.clone();
+        Arc::new(move |id: String| {
+            let (publisher, queue) = (publisher.clone(), queue.clone());
+            // Confirmed by the broker (publisher confirms); sent again when not.
+            Box::pin(async move {
+                publisher
+                    .send(&queue, &Headers::new(), id.as_bytes())
+                    .await
+                    .is_ok()
+            })
+        })
+    };
+    two_restarts(
+        label,
+        "rabbitmq-server SIGKILLed and restarted",
+        Broker::Rabbit(broker),
+        &[transport, &url, &queue, "worker", "ack"],
+        send,
+        None,
+    )
+    .await;
 }
 
 /// A pulsar-lite of this test's own, and a client through the checksum relay.

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use lapin::options::{BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions};
+use lapin::options::QueueDeclareOptions;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use ruststream_core::{
     Capabilities, DeadLetters, Declaration, DelayedRedelivery, Descriptor, Publish, SubscribeError,
@@ -140,40 +140,20 @@ impl Descriptor for RabbitQueue {
     }
 
     async fn open(self, _declaration: &Declaration) -> Result<RabbitSubscription, SubscribeError> {
-        let fail = |e: lapin::Error| SubscribeError::new(&self.queue, e);
-        declare(
-            &self.rabbit.connection,
-            &self.queue,
-            self.kind,
-            self.declare,
-        )
-        .await?;
-        let channel = self
+        let connection = self
             .rabbit
-            .connection
-            .create_channel()
+            .link
+            .connected()
             .await
-            .map_err(fail)?;
-        channel
-            .basic_qos(self.prefetch, BasicQosOptions::default())
-            .await
-            .map_err(fail)?;
-        let consumer = channel
-            .basic_consume(
-                ShortString::from(self.queue.as_str()),
-                ShortString::from(""),
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .map_err(fail)?;
-        Ok(RabbitSubscription::new(
-            Arc::clone(&self.rabbit.connection),
-            channel,
-            consumer,
+            .map_err(|e| SubscribeError::new(&self.queue, e))?;
+        declare(&connection, &self.queue, self.kind, self.declare).await?;
+        RabbitSubscription::open(
+            Arc::clone(&self.rabbit.link),
             &self.queue,
+            self.prefetch,
             self.kind == QueueKind::Quorum,
-        ))
+        )
+        .await
     }
 }
 

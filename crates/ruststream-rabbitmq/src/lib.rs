@@ -44,6 +44,7 @@
 //! ```
 
 mod descriptor;
+mod link;
 mod publish;
 pub mod subscription;
 
@@ -52,6 +53,7 @@ use std::time::Duration;
 
 pub use descriptor::{DEFAULT_PREFETCH, QueueKind, RabbitQueue};
 pub use lapin;
+use link::Link;
 pub use publish::RabbitPublisher;
 use ruststream_core::Cause;
 
@@ -61,14 +63,15 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// A RabbitMQ connection, shared by descriptors and publishers. Cheap to clone.
 #[derive(Clone)]
 pub struct RabbitMq {
-    connection: Arc<lapin::Connection>,
+    link: Arc<Link>,
     publisher: RabbitPublisher,
-    url: Arc<str>,
 }
 
 impl std::fmt::Debug for RabbitMq {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RabbitMq").field("url", &self.url).finish()
+        f.debug_struct("RabbitMq")
+            .field("url", &self.link.shown())
+            .finish()
     }
 }
 
@@ -96,29 +99,26 @@ impl RabbitMq {
     }
 
     /// Connects to `url`, failing after `timeout`.
+    ///
+    /// A connection lost later (the broker restarted, the network cut) is made again on
+    /// first use, within the same `timeout` per attempt: each subscription opens its
+    /// consumer again (what was delivered and not acknowledged comes back from the
+    /// broker) and the publisher its confirm channel, trying again while the broker
+    /// refuses. Readiness reports the registration down meanwhile.
     pub async fn connect_within(url: &str, timeout: Duration) -> Result<Self, ConnectError> {
-        let shown = ruststream_core::redact_url(url).into_owned();
         let fail = |source: Cause| ConnectError {
-            url: shown.clone(),
+            url: ruststream_core::redact_url(url).into_owned(),
             source,
         };
-        // lapin reconnects and declares channels, QoS and consumers again after a lost
-        // connection (its auto-recovery); the subscription waits for it.
-        let properties = lapin::ConnectionProperties::default().enable_auto_recover();
-        let connecting = lapin::Connection::connect(url, properties);
-        let connection = tokio::time::timeout(timeout, connecting)
-            .await
-            .map_err(|_| fail(Cause::new(format!("no answer within {timeout:?}"))))?
-            .map_err(|e| fail(Cause::new(e)))?;
-        let connection = Arc::new(connection);
-        let publisher = RabbitPublisher::open(Arc::clone(&connection))
+        let link = Arc::new(
+            Link::open(url, timeout)
+                .await
+                .map_err(|e| fail(Cause::new(e)))?,
+        );
+        let publisher = RabbitPublisher::open(Arc::clone(&link))
             .await
             .map_err(|e| fail(Cause::new(e)))?;
-        Ok(Self {
-            connection,
-            publisher,
-            url: Arc::from(shown.as_str()),
-        })
+        Ok(Self { link, publisher })
     }
 
     /// Connects with the URL from the environment (the convention every transport
@@ -141,9 +141,9 @@ impl RabbitMq {
             .map_err(ruststream_core::FromEnvError::Connect)
     }
 
-    /// The underlying connection.
-    pub fn connection(&self) -> &lapin::Connection {
-        &self.connection
+    /// The connection in use (a new one replaces it once it was lost).
+    pub fn connection(&self) -> Arc<lapin::Connection> {
+        self.link.current()
     }
 
     /// A subscription on `queue` (a classic queue unless told; see [`RabbitQueue`]).
@@ -159,7 +159,12 @@ impl RabbitMq {
         queue: &str,
         kind: QueueKind,
     ) -> Result<(), ruststream_core::SubscribeError> {
-        descriptor::declare(&self.connection, queue, kind, true).await
+        let connection = self
+            .link
+            .connected()
+            .await
+            .map_err(|e| ruststream_core::SubscribeError::new(queue, e))?;
+        descriptor::declare(&connection, queue, kind, true).await
     }
 
     /// Publishes to a queue by name, with publisher confirms.

@@ -1,19 +1,29 @@
 //! Publishing to a queue through the default exchange, confirmed by the broker.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use bytes::Bytes;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use lapin::{BasicProperties, Channel, Confirmation, Connection};
+use lapin::{BasicProperties, Channel, Confirmation};
 use ruststream_core::{BoxFuture, Headers, Outgoing, Publish, PublishError, PublishErrorKind};
+
+use crate::link::{Link, LinkError};
 
 /// Publishes to queues by name (the default exchange, the queue's name as routing key),
 /// persistent, with publisher confirms and `mandatory`: a message no queue takes is an
-/// error. Cheap to clone: the clones share one channel.
+/// error. Cheap to clone: the clones share one channel, opened again (on a new
+/// connection if need be) by the first send after it was lost.
 #[derive(Clone)]
 pub struct RabbitPublisher {
-    channel: Arc<Channel>,
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    link: Arc<Link>,
+    channel: Mutex<Option<Channel>>,
+    /// Held while a channel is being opened: one attempt at a time.
+    opening: tokio::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for RabbitPublisher {
@@ -23,14 +33,50 @@ impl std::fmt::Debug for RabbitPublisher {
 }
 
 impl RabbitPublisher {
-    pub(crate) async fn open(connection: Arc<Connection>) -> Result<Self, lapin::Error> {
+    pub(crate) async fn open(link: Arc<Link>) -> Result<Self, LinkError> {
+        let publisher = Self {
+            inner: Arc::new(Inner {
+                link,
+                channel: Mutex::default(),
+                opening: tokio::sync::Mutex::default(),
+            }),
+        };
+        publisher.channel().await?;
+        Ok(publisher)
+    }
+
+    fn open_channel(&self) -> Option<Channel> {
+        let channel = self
+            .inner
+            .channel
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        channel
+            .as_ref()
+            .filter(|channel| channel.status().connected())
+            .cloned()
+    }
+
+    /// The confirm channel, opened again when it was lost.
+    async fn channel(&self) -> Result<Channel, LinkError> {
+        if let Some(channel) = self.open_channel() {
+            return Ok(channel);
+        }
+        let _one_at_a_time = self.inner.opening.lock().await;
+        if let Some(channel) = self.open_channel() {
+            return Ok(channel);
+        }
+        let connection = self.inner.link.connected().await?;
         let channel = connection.create_channel().await?;
         channel
             .confirm_select(ConfirmSelectOptions::default())
             .await?;
-        Ok(Self {
-            channel: Arc::new(channel),
-        })
+        *self
+            .inner
+            .channel
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(channel.clone());
+        Ok(channel)
     }
 
     /// Sends `payload` to `queue` with `headers` and waits for the broker's confirm.
@@ -43,8 +89,17 @@ impl RabbitPublisher {
         let properties = BasicProperties::default()
             .with_delivery_mode(2) // persistent
             .with_headers(to_table(headers));
-        let confirm = self
-            .channel
+        let channel = self.channel().await.map_err(|e| {
+            PublishError::new(
+                queue,
+                PublishErrorKind::Disconnected,
+                format!(
+                    "no channel to RabbitMQ at `{}`: {e}",
+                    self.inner.link.shown()
+                ),
+            )
+        })?;
+        let confirm = channel
             .basic_publish(
                 ShortString::from(""),
                 ShortString::from(queue),

@@ -1,38 +1,67 @@
 //! An open RabbitMQ subscription: a consumer on its own channel with manual
 //! acknowledgements, and (quorum queues) `retry_after` waits held until their nack.
+//! A lost channel or connection is opened again by the next `next` (see `link`).
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
-use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicNackOptions, BasicRejectOptions};
-use lapin::types::ShortString;
+use lapin::options::{
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
+    BasicRejectOptions,
+};
+use lapin::types::{FieldTable, ShortString};
 use lapin::{Channel, Consumer};
 use ruststream_core::{
     AckError, Attempt, Delivery, Due, Metadata, Settle, SubscribeError, Subscription,
 };
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 
+use crate::link::Link;
 use crate::publish::{from_table, number};
 
 /// What settles one delivery: lapin's acker for it, which refuses (rather than sends a
-/// stale tag on a recovered channel) once the connection it came on was lost.
+/// stale tag on a new channel) once the channel it came on was lost.
 #[derive(Debug, Clone)]
 pub struct RabbitReceipt {
     acker: lapin::Acker,
+    /// Which session (channel) it came on.
+    session: u64,
 }
 
 /// The open subscription (its driver task is the only caller).
 pub struct RabbitSubscription {
-    connection: Arc<lapin::Connection>,
-    channel: Channel,
-    consumer: Consumer,
+    link: Arc<Link>,
+    /// The channel and its consumer; `None` once lost, until `next` opens them again.
+    session: Option<Session>,
     address: Arc<str>,
+    prefetch: u16,
     quorum: bool,
     /// Quorum queues: `retry_after` waits, nacked by `next` once due.
     held: BinaryHeap<Reverse<Due<Instant, RabbitReceipt>>>,
+    /// When `next` looks at the channel's state next.
+    watchdog: Pin<Box<Sleep>>,
+    /// How many sessions were opened: the current one's number.
+    sessions: u64,
+}
+
+/// How long one acknowledgement may take before it counts as failed (lapin's acker can
+/// wait forever on a channel whose connection died).
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How often a waiting `next` checks that its channel is still open.
+const WATCHDOG_PERIOD: Duration = Duration::from_secs(1);
+
+/// Sleeps until `due`, or forever without one.
+async fn sleep_until_some(due: Option<Instant>) {
+    match due {
+        Some(due) => tokio::time::sleep_until(due).await,
+        None => std::future::pending().await,
+    }
 }
 
 impl std::fmt::Debug for RabbitSubscription {
@@ -44,21 +73,37 @@ impl std::fmt::Debug for RabbitSubscription {
 }
 
 impl RabbitSubscription {
-    pub(crate) fn new(
-        connection: Arc<lapin::Connection>,
-        channel: Channel,
-        consumer: Consumer,
-        address: &str,
+    /// Opens the consumer on `queue` (the first channel: its failure fails the start).
+    pub(crate) async fn open(
+        link: Arc<Link>,
+        queue: &str,
+        prefetch: u16,
         quorum: bool,
-    ) -> Self {
-        Self {
-            connection,
-            channel,
-            consumer,
-            address: Arc::from(address),
+    ) -> Result<Self, SubscribeError> {
+        let session = Session::open(&link, queue, prefetch)
+            .await
+            .map_err(|e| SubscribeError::new(queue, e))?;
+        Ok(Self {
+            link,
+            session: Some(session),
+            address: Arc::from(queue),
+            prefetch,
             quorum,
             held: BinaryHeap::new(),
-        }
+            watchdog: Box::pin(tokio::time::sleep(WATCHDOG_PERIOD)),
+            sessions: 1,
+        })
+    }
+
+    /// The channel was lost: what it held unacknowledged (held waits included) the broker
+    /// gives back by itself, and the receipts from it refuse to settle.
+    fn lost(&mut self, why: &str) -> SubscribeError {
+        self.session = None;
+        self.held.clear();
+        SubscribeError::new(
+            &*self.address,
+            format!("{why}; consuming again once the broker takes the consumer"),
+        )
     }
 
     fn delivery(&self, message: lapin::message::Delivery) -> (Delivery, RabbitReceipt) {
@@ -83,20 +128,9 @@ impl RabbitSubscription {
             delivery,
             RabbitReceipt {
                 acker: message.acker,
+                session: self.sessions,
             },
         )
-    }
-
-    async fn nack(&self, receipt: &RabbitReceipt) -> Result<(), AckError> {
-        receipt
-            .acker
-            .nack(BasicNackOptions {
-                multiple: false,
-                requeue: true,
-            })
-            .await
-            .map(drop)
-            .map_err(AckError::failed)
     }
 }
 
@@ -105,83 +139,109 @@ impl Subscription for RabbitSubscription {
 
     async fn next(&mut self) -> Option<Result<(Delivery, RabbitReceipt), SubscribeError>> {
         loop {
+            let Some(session) = &mut self.session else {
+                // Lost earlier: the runtime paused after that error; try again now.
+                return match Session::open(&self.link, &self.address, self.prefetch).await {
+                    Ok(session) => {
+                        tracing::info!(address = &*self.address, "consuming again");
+                        self.session = Some(session);
+                        self.sessions += 1;
+                        continue;
+                    }
+                    Err(e) => Some(Err(SubscribeError::new(
+                        &*self.address,
+                        format!("reopening the consumer: {e}"),
+                    ))),
+                };
+            };
             if let Some(Reverse(first)) = self.held.peek()
                 && first.due <= Instant::now()
             {
                 // Popped once nacked: a `next` cut short leaves it held for the next call.
                 let receipt = first.item.clone();
-                let nacked = self.nack(&receipt).await;
+                let nacked = nack(&receipt).await;
                 self.held.pop();
                 if let Err(e) = nacked {
                     tracing::warn!(address = &*self.address, error = %e, "nack after retry_after failed");
                 }
                 continue;
             }
+            // The consumer's stream does not always end when the connection is lost (seen
+            // once in a few restarts under load): the channel's state is looked at too.
+            if self.watchdog.is_elapsed() {
+                if !session.channel.status().connected() {
+                    return Some(Err(self.lost("channel closed")));
+                }
+                self.watchdog
+                    .as_mut()
+                    .reset(Instant::now() + WATCHDOG_PERIOD);
+            }
             let due = self.held.peek().map(|Reverse(held)| held.due);
-            let next = match due {
-                None => self.consumer.next().await,
-                Some(due) => tokio::select! {
-                    message = self.consumer.next() => message,
-                    () = tokio::time::sleep_until(due) => continue,
-                },
+            let next = tokio::select! {
+                biased;
+                message = session.consumer.next() => message,
+                () = self.watchdog.as_mut() => continue,
+                () = sleep_until_some(due) => continue,
             };
             return match next {
                 Some(Ok(message)) => Some(Ok(self.delivery(message))),
-                Some(Err(e)) => {
-                    // The connection was lost: lapin reconnects and declares the consumer
-                    // again (auto-recovery); what was delivered and not acknowledged comes
-                    // back from the broker, and its old receipts refuse to settle.
-                    tracing::warn!(address = &*self.address, error = %e, "connection lost; waiting for it to recover");
-                    match self.channel.wait_for_recovery(e).await {
-                        Ok(()) => {
-                            // Held waits belong to the lost channel: the broker gives
-                            // those deliveries back by itself.
-                            self.held.clear();
-                            tracing::info!(
-                                address = &*self.address,
-                                "connection recovered; consuming again"
-                            );
-                            continue;
-                        }
-                        Err(e) => Some(Err(SubscribeError::new(&*self.address, e))),
-                    }
-                }
-                None => Some(Err(SubscribeError::new(
-                    &*self.address,
-                    "the consumer was cancelled or its connection lost",
-                ))),
+                Some(Err(e)) => Some(Err(self.lost(&format!("channel lost: {e}")))),
+                None => Some(Err(self.lost("the broker cancelled the consumer"))),
             };
         }
     }
 
     async fn settle(&mut self, receipt: RabbitReceipt, settle: Settle) -> Result<(), AckError> {
-        match settle {
-            Settle::Nothing => Ok(()),
-            Settle::Ack => receipt
-                .acker
-                .ack(BasicAckOptions::default())
-                .await
-                .map(drop)
-                .map_err(AckError::failed),
-            // To the queue's dead-letter exchange if it has one, else discarded (R1).
-            Settle::Drop => receipt
-                .acker
-                .reject(BasicRejectOptions { requeue: false })
-                .await
-                .map(drop)
-                .map_err(AckError::failed),
-            Settle::Redeliver => self.nack(&receipt).await,
-            Settle::RedeliverAfter(delay) => {
-                // Held unacknowledged here; `next` nacks it once due. A crash gives it back
-                // at once (the channel closes), a stop likewise: the wait is lost, not
-                // the message (R4).
-                self.held.push(Reverse(Due {
-                    due: Instant::now() + delay,
-                    item: receipt,
-                }));
-                Ok(())
-            }
+        if matches!(settle, Settle::Nothing) {
+            return Ok(());
         }
+        let live = receipt.session == self.sessions
+            && self
+                .session
+                .as_ref()
+                .is_some_and(|session| session.channel.status().connected());
+        if !live {
+            // Its channel is gone: the broker gives the delivery back by itself.
+            return Err(AckError::failed(
+                "the channel this delivery came on was lost; the broker delivers it again",
+            ));
+        }
+        let settling = async {
+            match settle {
+                Settle::Nothing => Ok(()),
+                Settle::Ack => receipt
+                    .acker
+                    .ack(BasicAckOptions::default())
+                    .await
+                    .map(drop)
+                    .map_err(AckError::failed),
+                // To the queue's dead-letter exchange if it has one, else discarded (R1).
+                Settle::Drop => receipt
+                    .acker
+                    .reject(BasicRejectOptions { requeue: false })
+                    .await
+                    .map(drop)
+                    .map_err(AckError::failed),
+                Settle::Redeliver => nack(&receipt).await,
+                Settle::RedeliverAfter(delay) => {
+                    // Held unacknowledged here; `next` nacks it once due. A crash gives it
+                    // back at once (the channel closes), a stop likewise: the wait is lost,
+                    // not the message (R4).
+                    self.held.push(Reverse(Due {
+                        due: Instant::now() + delay,
+                        item: receipt.clone(),
+                    }));
+                    Ok(())
+                }
+            }
+        };
+        tokio::time::timeout(SETTLE_TIMEOUT, settling)
+            .await
+            .unwrap_or_else(|_| {
+                Err(AckError::failed(format!(
+                    "no answer from RabbitMQ within {SETTLE_TIMEOUT:?}"
+                )))
+            })
     }
 
     fn holding(&self) -> usize {
@@ -189,19 +249,25 @@ impl Subscription for RabbitSubscription {
     }
 
     fn link(&self) -> Option<ruststream_core::LinkProbe> {
-        let connection = Arc::clone(&self.connection);
-        Some(Arc::new(move || connection.status().connected()))
+        let link = Arc::clone(&self.link);
+        Some(Arc::new(move || link.is_up()))
     }
 
     async fn close(self) {
-        let tag = self.consumer.tag();
+        let Some(session) = self.session else {
+            return;
+        };
+        let tag = session.consumer.tag();
         let closing = async {
-            let _ = self
+            let _ = session
                 .channel
                 .basic_cancel(tag, BasicCancelOptions::default())
                 .await;
             // Closing the channel gives every unacknowledged delivery back to the queue.
-            let _ = self.channel.close(200, ShortString::from("stopped")).await;
+            let _ = session
+                .channel
+                .close(200, ShortString::from("stopped"))
+                .await;
         };
         if tokio::time::timeout(std::time::Duration::from_secs(10), closing)
             .await
@@ -209,5 +275,55 @@ impl Subscription for RabbitSubscription {
         {
             tracing::warn!(address = &*self.address, "closing the channel timed out");
         }
+    }
+}
+
+/// A channel with its QoS and the consumer on the queue.
+struct Session {
+    channel: Channel,
+    consumer: Consumer,
+}
+
+impl Session {
+    async fn open(link: &Link, queue: &str, prefetch: u16) -> Result<Self, String> {
+        let connection = link.connected().await.map_err(|e| e.to_string())?;
+        let channel = connection
+            .create_channel()
+            .await
+            .map_err(|e| e.to_string())?;
+        let opened = async {
+            channel
+                .basic_qos(prefetch, BasicQosOptions::default())
+                .await?;
+            channel
+                .basic_consume(
+                    ShortString::from(queue),
+                    ShortString::from(""),
+                    BasicConsumeOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+        };
+        match opened.await {
+            Ok(consumer) => Ok(Self { channel, consumer }),
+            Err(e) => {
+                // A refused `basic.consume` closes the channel; close it anyway.
+                let _ = channel.close(200, ShortString::from("not consuming")).await;
+                Err(e.to_string())
+            }
+        }
+    }
+}
+
+async fn nack(receipt: &RabbitReceipt) -> Result<(), AckError> {
+    let nacking = receipt.acker.nack(BasicNackOptions {
+        multiple: false,
+        requeue: true,
+    });
+    match tokio::time::timeout(SETTLE_TIMEOUT, nacking).await {
+        Ok(nacked) => nacked.map(drop).map_err(AckError::failed),
+        Err(_) => Err(AckError::failed(format!(
+            "no answer from RabbitMQ within {SETTLE_TIMEOUT:?}"
+        ))),
     }
 }

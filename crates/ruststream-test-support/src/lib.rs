@@ -5,6 +5,7 @@
 pub mod bench;
 pub mod ops;
 pub mod pulsar_relay;
+pub mod rabbit_broker;
 pub mod trace;
 
 use std::future::Future;
