@@ -40,6 +40,12 @@ pub enum DeadLetters {
     /// The broker's client does it (Pulsar's dead-letter policy); the runtime only
     /// asks for redeliveries.
     Broker,
+    /// The runtime counts attempts and decides; the subscription moves the delivery to
+    /// the dead-letter address and settles it in one step ([`Settle::DeadLetter`]:
+    /// Redis `XADD` + `XACK` in one `MULTI`/`EXEC`), so it is never both or neither.
+    ///
+    /// [`Settle::DeadLetter`]: crate::Settle::DeadLetter
+    Subscription,
 }
 
 /// What the broker can do for one subscription. The runtime decides from these, never

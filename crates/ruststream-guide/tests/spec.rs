@@ -84,7 +84,7 @@ fn statements_of(name: &str) -> Vec<String> {
     let mut rest = name;
     loop {
         let mut chars = rest.chars();
-        let Some(letter) = chars.next().filter(|c| "knpegdr".contains(*c)) else {
+        let Some(letter) = chars.next().filter(|c| "knpegdrs".contains(*c)) else {
             break;
         };
         let digits: String = chars.take_while(char::is_ascii_digit).collect();

@@ -546,6 +546,11 @@ impl Subscription for JetStreamSubscription {
             Settle::Drop => AckKind::Term,
             Settle::Redeliver => AckKind::Nak(None),
             Settle::RedeliverAfter(delay) => AckKind::Nak(Some(delay)),
+            Settle::DeadLetter => {
+                return Err(AckError::Unsupported {
+                    verb: "dead letter",
+                });
+            }
         };
         let payload = Bytes::from(kind);
         if self.double_ack {

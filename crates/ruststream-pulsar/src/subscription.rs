@@ -258,6 +258,9 @@ impl Subscription for PulsarSubscription {
                 }));
                 Ok(())
             }
+            Settle::DeadLetter => Err(AckError::Unsupported {
+                verb: "dead letter",
+            }),
         }
     }
 

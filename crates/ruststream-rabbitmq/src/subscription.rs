@@ -233,6 +233,9 @@ impl Subscription for RabbitSubscription {
                     }));
                     Ok(())
                 }
+                Settle::DeadLetter => Err(AckError::Unsupported {
+                    verb: "dead letter",
+                }),
             }
         };
         tokio::time::timeout(SETTLE_TIMEOUT, settling)

@@ -289,7 +289,7 @@ impl<D: Descriptor, S: Service> Registration<D, S> {
             }
             // The broker's own dead-letter policy (Pulsar) says this its own way (P6).
             if self.options.max_attempts.is_none()
-                && capabilities.dead_letters == DeadLetters::Runtime
+                && capabilities.dead_letters != DeadLetters::Broker
             {
                 broken.push(format!(
                     "a dead letter (`{dead}`) without max_attempts is never reached: a failing \

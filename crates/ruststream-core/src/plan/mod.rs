@@ -37,6 +37,10 @@ pub enum Settle {
     /// Deliver the same message again after the delay (JetStream `-NAK {"delay"}`,
     /// Pulsar: held, then `nack_with_id`).
     RedeliverAfter(Duration),
+    /// Move it, exactly as it arrived, to the registration's dead-letter address and
+    /// settle it, in one step; only asked of subscriptions whose capabilities say
+    /// [`DeadLetters::Subscription`].
+    DeadLetter,
 }
 
 /// Where a copy of the delivery goes.
@@ -112,7 +116,7 @@ pub fn plan(
 /// needs a retry address: `retry_after` has no native form, or `retry()` under a
 /// declaration goes through copies because the broker counts nothing.
 pub fn may_copy(declaration: &Declaration, capabilities: &Capabilities) -> bool {
-    capabilities.dead_letters == DeadLetters::Runtime
+    capabilities.dead_letters != DeadLetters::Broker
         && (capabilities.delayed_redelivery == DelayedRedelivery::Unsupported
             || (!capabilities.native_count && declaration.declares_retries()))
 }
@@ -198,6 +202,9 @@ fn exhausted(declaration: &Declaration, capabilities: &Capabilities) -> Plan {
     let settle = by_verb(capabilities.drop, Settle::Drop, "drop");
     if declaration.dead_letter.is_none() {
         return settle;
+    }
+    if capabilities.dead_letters == DeadLetters::Subscription {
+        return Plan::settle(Settle::DeadLetter);
     }
     let copy = PlannedCopy {
         target: CopyTarget::DeadLetter,

@@ -139,6 +139,11 @@ impl Subscription for MemorySubscription {
             Settle::Ack | Settle::Drop => self.group.remove(tag),
             Settle::Redeliver => self.group.requeue(tag),
             Settle::RedeliverAfter(delay) => self.group.requeue_after(tag, delay),
+            Settle::DeadLetter => {
+                return Err(AckError::Unsupported {
+                    verb: "dead letter",
+                });
+            }
         };
         if known {
             Ok(())

@@ -1,0 +1,184 @@
+//! The Redis Streams descriptor: a stream, a consumer group, where a new group starts, the
+//! claim timeout and how much is read ahead.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use ruststream_core::{
+    Capabilities, DeadLetters, Declaration, DelayedRedelivery, Descriptor, Publish, SubscribeError,
+    Verb,
+};
+
+use crate::Redis;
+use crate::subscription::RedisSubscription;
+
+/// Where a consumer group created at start begins reading.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum StartAt {
+    /// Every entry already in the stream (`0`), like every other transport's default.
+    #[default]
+    Earliest,
+    /// Only entries added after the group was created (`$`).
+    Latest,
+}
+
+/// How long an entry nobody keeps alive stays with the consumer that read it before
+/// another consumer of the group claims it, unless set (like JetStream's `ack_wait`).
+pub const DEFAULT_CLAIM_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How many entries one `XREADGROUP` reads ahead, unless set.
+pub const DEFAULT_BATCH: usize = 64;
+
+/// One stream read by one consumer group.
+#[derive(Clone)]
+pub struct RedisStream {
+    pub(crate) redis: Redis,
+    pub(crate) stream: String,
+    pub(crate) group: String,
+    pub(crate) consumer: Option<String>,
+    pub(crate) start: StartAt,
+    pub(crate) claim_timeout: Duration,
+    pub(crate) batch: usize,
+}
+
+impl std::fmt::Debug for RedisStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStream")
+            .field("stream", &self.stream)
+            .field("group", &self.group)
+            .finish()
+    }
+}
+
+impl RedisStream {
+    pub(crate) fn new(redis: Redis, stream: String, group: String) -> Self {
+        Self {
+            redis,
+            stream,
+            group,
+            consumer: None,
+            start: StartAt::Earliest,
+            claim_timeout: DEFAULT_CLAIM_TIMEOUT,
+            batch: DEFAULT_BATCH,
+        }
+    }
+
+    /// This subscription's consumer name in the group (default
+    /// `<hostname>-<pid>-<n>`, n counting the subscriptions this process opened). With a
+    /// name that stays the same across restarts, a restarted service reads its own
+    /// pending entries again at once instead of after the claim timeout; two
+    /// subscriptions open at once must not share one.
+    pub fn consumer(mut self, name: impl Into<String>) -> Self {
+        self.consumer = Some(name.into());
+        self
+    }
+
+    /// Where the group begins when it is created at start (default
+    /// [`StartAt::Earliest`]); an existing group keeps its position.
+    pub fn start(mut self, start: StartAt) -> Self {
+        self.start = start;
+        self
+    }
+
+    /// How long an entry idles with a consumer that stopped keeping it alive before
+    /// another consumer claims it (default [`DEFAULT_CLAIM_TIMEOUT`]): how soon the work
+    /// of a crashed service is taken over. Live entries are kept alive every third of it.
+    pub fn claim_timeout(mut self, timeout: Duration) -> Self {
+        self.claim_timeout = timeout;
+        self
+    }
+
+    /// How many entries one read takes ahead (default [`DEFAULT_BATCH`]); at least 1.
+    pub fn batch(mut self, batch: usize) -> Self {
+        self.batch = batch;
+        self
+    }
+
+    pub(crate) fn consumer_name(&self) -> String {
+        self.consumer.clone().unwrap_or_else(|| {
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|h| h.trim().to_owned())
+                .filter(|h| !h.is_empty())
+                .unwrap_or_else(|| "ruststream".to_owned());
+            static OPENED: AtomicU64 = AtomicU64::new(0);
+            let n = OPENED.fetch_add(1, Ordering::Relaxed);
+            format!("{host}-{}-{n}", std::process::id())
+        })
+    }
+}
+
+/// What every Redis stream subscription can do (S2-S6).
+pub(crate) const CAPABILITIES: Capabilities = Capabilities::NOTHING
+    .with_ack(Verb::Native)
+    .with_drop(Verb::Native)
+    .with_redeliver(Verb::Native)
+    // Pending in Redis meanwhile, kept alive by the service: a crash loses the wait only.
+    .with_delayed_redelivery(DelayedRedelivery::Held { limit: None })
+    .with_native_count(true)
+    .with_dead_letters(DeadLetters::Subscription)
+    .with_holds_original(true);
+
+impl Descriptor for RedisStream {
+    type Subscription = RedisSubscription;
+
+    fn address(&self) -> &str {
+        &self.stream
+    }
+
+    fn transport(&self) -> &'static str {
+        "redis"
+    }
+
+    /// None: Redis holds and counts retries, so no copy is ever published (S6).
+    fn retry_address(&self) -> Option<&str> {
+        None
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        CAPABILITIES
+    }
+
+    fn check(&self, _declaration: &Declaration) -> Vec<String> {
+        let mut broken = Vec::new();
+        if self.group.is_empty() {
+            broken.push("the consumer group name is empty".to_owned());
+        }
+        if self.consumer.as_deref() == Some("") {
+            broken.push("the consumer name is empty".to_owned());
+        }
+        if self.claim_timeout < Duration::from_millis(100) {
+            broken.push(format!(
+                "claim_timeout({:?}) is below 100 ms: entries would be claimed away while they run",
+                self.claim_timeout
+            ));
+        }
+        if self.batch == 0 {
+            broken.push("batch(0) would read nothing: use at least 1".to_owned());
+        }
+        if let Some(rule) = stream_rule(&self.stream) {
+            broken.push(rule);
+        }
+        broken
+    }
+
+    fn address_rule(&self, address: &str) -> Option<String> {
+        stream_rule(address)
+    }
+
+    fn publisher(&self) -> Arc<dyn Publish> {
+        Arc::new(self.redis.publisher())
+    }
+
+    async fn open(self, declaration: &Declaration) -> Result<RedisSubscription, SubscribeError> {
+        RedisSubscription::open(self, declaration).await
+    }
+}
+
+/// Why `stream` is not a stream name ruststream reads or writes, or `None`.
+fn stream_rule(stream: &str) -> Option<String> {
+    stream
+        .is_empty()
+        .then(|| "a Redis stream name is not empty".to_owned())
+}

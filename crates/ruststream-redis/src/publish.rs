@@ -1,0 +1,80 @@
+//! Adding entries to a stream: `XADD`, confirmed by Redis's reply (with the server's
+//! `appendfsync always`, on disk).
+
+use redis::aio::ConnectionManager;
+use ruststream_core::{BoxFuture, Headers, Outgoing, Publish, PublishError, PublishErrorKind};
+
+/// The field an entry's payload is written to and read from; every other field is a
+/// header.
+pub const PAYLOAD_FIELD: &str = "payload";
+
+/// Adds entries to streams by name. Cheap to clone.
+#[derive(Clone)]
+pub struct RedisPublisher {
+    connection: ConnectionManager,
+}
+
+impl std::fmt::Debug for RedisPublisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RedisPublisher")
+    }
+}
+
+impl RedisPublisher {
+    pub(crate) fn new(connection: ConnectionManager) -> Self {
+        Self { connection }
+    }
+
+    /// Adds `payload` with `headers` to `stream` (`XADD stream * payload … name value …`)
+    /// and returns the entry's id once Redis confirmed it. A header named `payload` is
+    /// refused (it would be read back as the message).
+    pub async fn send(
+        &self,
+        stream: &str,
+        headers: &Headers,
+        payload: &[u8],
+    ) -> Result<String, PublishError> {
+        let mut command = redis::cmd("XADD");
+        command.arg(stream).arg("*").arg(PAYLOAD_FIELD).arg(payload);
+        for (name, value) in headers.iter() {
+            if name == PAYLOAD_FIELD {
+                return Err(PublishError::new(
+                    stream,
+                    PublishErrorKind::Encode,
+                    format!("a header named `{PAYLOAD_FIELD}` would be read back as the payload"),
+                ));
+            }
+            command.arg(name).arg(value.as_ref());
+        }
+        let mut connection = self.connection.clone();
+        command
+            .query_async::<String>(&mut connection)
+            .await
+            .map_err(|e| PublishError::new(stream, kind(&e), e))
+    }
+}
+
+/// What a failed command means for a publish.
+pub(crate) fn kind(error: &redis::RedisError) -> PublishErrorKind {
+    if error.is_timeout() {
+        PublishErrorKind::Timeout
+    } else if error.is_connection_dropped() || error.is_io_error() {
+        PublishErrorKind::Disconnected
+    } else if error.code() == Some("OOM") {
+        PublishErrorKind::Full
+    } else if error.code() == Some("NOPERM") {
+        PublishErrorKind::NotAuthorized
+    } else {
+        PublishErrorKind::Rejected
+    }
+}
+
+impl Publish for RedisPublisher {
+    fn publish(&self, message: Outgoing) -> BoxFuture<'_, Result<(), PublishError>> {
+        Box::pin(async move {
+            self.send(&message.address, &message.headers, &message.payload)
+                .await
+                .map(drop)
+        })
+    }
+}
