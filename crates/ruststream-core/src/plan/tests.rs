@@ -62,6 +62,18 @@ const PULSAR_EXCLUSIVE: Capabilities = Capabilities {
     ..PULSAR_SHARED
 };
 
+const REDIS: Capabilities = Capabilities {
+    ack: Verb::Native,
+    drop: Verb::Native,
+    redeliver: Verb::Native,
+    delayed_redelivery: DelayedRedelivery::Held { limit: None },
+    native_count: true,
+    dead_letters: DeadLetters::Subscription,
+    holds_original: true,
+    redeliver_in_place: false,
+    rewinds: false,
+};
+
 const D: Duration = Duration::from_millis(250);
 
 fn undeclared(retry_address: Option<&str>) -> Declaration {
@@ -593,5 +605,37 @@ fn e1_undecodable_without_dead_letter_is_dropped() {
     assert_eq!(
         plan(Verdict::Reject, 1, &d, &PULSAR_SHARED),
         settle_only(Settle::Ack)
+    );
+}
+
+#[test]
+fn s4_redis_retries_are_claims_never_copies() {
+    let d = capped(5, Some("orders.dead"));
+    assert_eq!(
+        run(HandlerOutcome::retry(), 1, &d, &REDIS),
+        settle_only(Settle::Redeliver)
+    );
+    assert_eq!(
+        run(HandlerOutcome::retry_after(D), 4, &d, &REDIS),
+        settle_only(Settle::RedeliverAfter(D))
+    );
+    assert!(!may_copy(&d, &REDIS));
+}
+
+#[test]
+fn s6_at_the_cap_and_when_undecodable_the_subscription_moves_and_settles_in_one_step() {
+    let d = capped(3, Some("orders.dead"));
+    assert_eq!(
+        run(HandlerOutcome::retry(), 3, &d, &REDIS),
+        settle_only(Settle::DeadLetter)
+    );
+    assert_eq!(
+        plan(Verdict::Reject, 1, &d, &REDIS),
+        settle_only(Settle::DeadLetter)
+    );
+    // Without a dead letter: dropped (XACK), as everywhere.
+    assert_eq!(
+        run(HandlerOutcome::retry(), 3, &capped(3, None), &REDIS),
+        settle_only(Settle::Drop)
     );
 }
