@@ -26,6 +26,7 @@ use ruststream_nats::Nats;
 use ruststream_nats::async_nats::jetstream::{self, stream};
 use ruststream_pulsar::Pulsar;
 use ruststream_rabbitmq::{QueueKind, RabbitMq};
+use ruststream_redis::Redis;
 use ruststream_test_support::rabbit_broker::OwnRabbit;
 use tokio::process::{Child, Command};
 
@@ -459,6 +460,60 @@ async fn rabbit_restarts(kind: QueueKind, label: &str, transport: &str) {
         None,
     )
     .await;
+}
+
+/// S8: redis-server SIGKILLed and restarted twice with the append-only file fsynced on
+/// every write: every entry whose XADD Redis confirmed is handled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s8_redis_two_server_restarts_lose_no_confirmed_message() {
+    let port = free_port();
+    let data = data_dir("redis-restart");
+    let broker = Process::start(
+        PathBuf::from("redis-server"),
+        vec![
+            "--port".into(),
+            port.to_string(),
+            "--bind".into(),
+            "127.0.0.1".into(),
+            "--dir".into(),
+            path(&data),
+            "--appendonly".into(),
+            "yes".into(),
+            "--appendfsync".into(),
+            "always".into(),
+            "--save".into(),
+            String::new(),
+        ],
+        port,
+    )
+    .await;
+    let url = format!("redis://127.0.0.1:{port}");
+    let redis = Redis::connect(&url).await.expect("connect");
+    let key = unique("restart");
+    let publisher = redis.publisher();
+    let send: Send = {
+        let key = key.clone();
+        Arc::new(move |id: String| {
+            let (publisher, key) = (publisher.clone(), key.clone());
+            // Confirmed by Redis's reply (on disk: appendfsync always); sent again when not.
+            Box::pin(async move {
+                publisher
+                    .send(&key, &Headers::new(), id.as_bytes())
+                    .await
+                    .is_ok()
+            })
+        })
+    };
+    two_restarts(
+        "Redis Streams",
+        "redis-server (appendfsync always) SIGKILLed and restarted",
+        Broker::Process(Box::new(broker)),
+        &["redis", &url, &key, "worker", "ack"],
+        send,
+        None,
+    )
+    .await;
+    let _ = std::fs::remove_dir_all(&data);
 }
 
 /// A pulsar-lite of this test's own, and a client through the checksum relay.

@@ -15,6 +15,7 @@ use ruststream_nats::Nats;
 use ruststream_nats::async_nats::jetstream::{self, stream};
 use ruststream_pulsar::Pulsar;
 use ruststream_rabbitmq::{QueueKind, RabbitMq};
+use ruststream_redis::Redis;
 
 const SERVICE: &str = env!("CARGO_BIN_EXE_fault-service");
 
@@ -103,6 +104,18 @@ async fn target(transport: &'static str) -> Target {
                 rabbit: Some(rabbit),
             };
         }
+        "redis" => {
+            let url = env("RUSTSTREAM_REDIS_URL");
+            let redis = Redis::connect(&url)
+                .await
+                .unwrap_or_else(|e| panic!("the fault tests need redis-server: {e}"));
+            (
+                "Redis Streams",
+                url,
+                Publisher::new(redis.publish_handle()),
+                None,
+            )
+        }
         other => panic!("no target {other}"),
     };
     Target {
@@ -135,6 +148,8 @@ impl Target {
                 name
             }
             "pulsar" => format!("persistent://public/default/{}", unique("kill")),
+            // The service's group creates the stream; published before, read from 0.
+            "redis" => unique("kill"),
             "rabbitmq-classic" | "rabbitmq-quorum" => {
                 let name = unique("kill");
                 let rabbit = self.rabbit.as_ref().expect("RabbitMQ client");
@@ -413,4 +428,16 @@ async fn r2_rabbitmq_quorum_sigkill_while_handlers_run_loses_nothing() {
 async fn r4_rabbitmq_quorum_sigkill_during_retry_after_loses_nothing() {
     // Held unacknowledged in the killed process: the broker gives it back (R4).
     assert_eq!(kill_during_retry_after("rabbitmq-quorum", "").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s2_redis_sigkill_while_handlers_run_loses_nothing() {
+    // What the killed life held is claimed by the next once idle for the claim timeout.
+    assert_eq!(kill_while_handlers_run("redis", "").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s4_redis_sigkill_during_retry_after_loses_nothing() {
+    // The waits were pending in Redis: the next life claims them.
+    assert_eq!(kill_during_retry_after("redis", "").await, 0);
 }

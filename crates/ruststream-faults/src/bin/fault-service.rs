@@ -8,7 +8,9 @@
 //!   `group`; the exactly-once pipeline's id is `<group>-tx`), `pulsar` (Shared
 //!   subscription `group` on topic `address`; `url` is the broker's `host:port`, reached
 //!   through the checksum relay), `rabbitmq-classic` / `rabbitmq-quorum` (queue `address`,
-//!   declared by the test, of that kind; `group` unused).
+//!   declared by the test, of that kind; `group` unused), `redis` (stream `address`,
+//!   consumer group `group`, a consumer name of this process's own, a claim timeout of
+//!   2 s so a killed life's entries come back soon).
 //! - mode: `ack` (ack at once), `slow` (work 50 ms, then ack), `hold` (the first attempt
 //!   asks `retry_after(3 s)`, later ones ack), `hang` (never returns).
 //!
@@ -31,6 +33,7 @@ use ruststream_pulsar::pulsar::ConsumerOptions;
 use ruststream_pulsar::pulsar::consumer::InitialPosition;
 use ruststream_pulsar::{Pulsar, SubType};
 use ruststream_rabbitmq::{QueueKind, RabbitMq};
+use ruststream_redis::Redis;
 
 #[derive(Clone, Copy)]
 enum Mode {
@@ -167,8 +170,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             };
             serve(rabbit.queue(address).kind(kind), mode).await
         }
+        "redis" => {
+            let redis = Redis::connect(url).await?;
+            let stream = redis
+                .stream(address.as_str(), group.as_str())
+                .claim_timeout(Duration::from_secs(2));
+            serve(stream, mode).await
+        }
         other => Err(format!(
-            "unknown transport `{other}`: core, jetstream, kafka-tracked, kafka-auto, kafka-transactional, pulsar, rabbitmq-classic or rabbitmq-quorum"
+            "unknown transport `{other}`: core, jetstream, kafka-tracked, kafka-auto, kafka-transactional, pulsar, rabbitmq-classic, rabbitmq-quorum or redis"
         )
         .into()),
     }
