@@ -20,6 +20,7 @@ pages! {
     Nats => "nats.md",
     Pulsar => "pulsar.md",
     RabbitMq => "rabbitmq.md",
+    RedisStreams => "redis.md",
     ConnectingSecurely => "connecting-securely.md",
     Testing => "testing.md",
     Operating => "operating.md",
