@@ -1,7 +1,7 @@
 //! Readiness follows the broker (issue #14): ready after start, not ready while the
 //! broker is away, ready again once it is back. NATS runs a server of this test's own,
 //! killed and started again on its port; Kafka runs librdkafka's mock cluster, whose one
-//! broker is taken down and brought up.
+//! broker is taken down and brought up; Redis runs a server of the test's own, like NATS.
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -105,4 +105,46 @@ async fn ops_ready_follows_the_kafka_cluster() {
     cluster.broker_up(1).expect("broker up");
     ready_becomes(&running, 200, Duration::from_secs(20)).await;
     running.stop().await;
+}
+
+fn redis_server(port: u16) -> Child {
+    let child = Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "no"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start redis-server (installed by the test command)");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "redis-server did not come up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child
+}
+
+/// S8: readiness follows the reads of the group.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s8_ops_ready_follows_the_redis_server() {
+    let port = free_port();
+    let mut server = redis_server(port);
+    let redis = ruststream_redis::Redis::connect(&format!("redis://127.0.0.1:{port}"))
+        .await
+        .expect("connect");
+    let running = App::new()
+        .ops(0)
+        .register(on(redis.stream(unique("ready"), "g"), ack).name("redis"))
+        .start()
+        .await
+        .expect("start");
+    ready_becomes(&running, 200, Duration::from_secs(5)).await;
+    server.kill().expect("kill redis-server");
+    server.wait().expect("reaped");
+    let body = ready_becomes(&running, 503, Duration::from_secs(10)).await;
+    assert!(body.contains("registration `redis`"), "{body}");
+    let mut server = redis_server(port);
+    ready_becomes(&running, 200, Duration::from_secs(20)).await;
+    running.stop().await;
+    server.kill().expect("kill redis-server");
+    let _ = server.wait();
 }

@@ -175,6 +175,15 @@ async fn manager(
     timeout: Duration,
     response: Option<Duration>,
 ) -> Result<ConnectionManager, Cause> {
+    // One plain attempt first: the connection manager retries a refusal (a wrong
+    // password, a TLS failure) until the timeout, which would hide the server's answer.
+    let probing = client.get_multiplexed_async_connection();
+    drop(
+        tokio::time::timeout(timeout, probing)
+            .await
+            .map_err(|_| Cause::new(format!("no answer within {timeout:?}")))?
+            .map_err(Cause::new)?,
+    );
     let config = ConnectionManagerConfig::new()
         .set_connection_timeout(Some(timeout))
         .set_response_timeout(response);

@@ -9,7 +9,7 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -58,11 +58,19 @@ struct Shared {
     consumer: String,
     claim_timeout: Duration,
     batch: usize,
+    /// Where the group begins when it has to be created (`0` or `$`).
+    start: &'static str,
     /// Entries live in this service (read ahead, running, waiting out `retry_after`):
     /// kept alive, and never claimed again by this service's own recovery.
     known: Mutex<HashSet<EntryId>>,
     /// Whether the reader's last command went through (readiness).
     up: AtomicBool,
+    /// Set by `close`: the reader ends at its next turn.
+    closing: AtomicBool,
+    /// The reader connection's `CLIENT ID` (0 unknown), so `close` can end its blocking
+    /// read at once (`CLIENT UNBLOCK`) rather than leave it to take entries for a consumer
+    /// that is going away.
+    reader_id: AtomicI64,
 }
 
 impl Shared {
@@ -110,25 +118,14 @@ impl RedisSubscription {
             StartAt::Earliest => "0",
             StartAt::Latest => "$",
         };
-        let created = redis::cmd("XGROUP")
-            .arg("CREATE")
-            .arg(stream)
-            .arg(&descriptor.group)
-            .arg(start)
-            .arg("MKSTREAM")
-            .query_async::<()>(&mut commands)
-            .await;
-        match created {
-            Ok(()) => {}
-            // The group is there already: it keeps its position.
-            Err(e) if e.code() == Some("BUSYGROUP") => {}
-            Err(e) => {
-                return Err(SubscribeError::new(
+        create_group(&mut commands, stream, &descriptor.group, start)
+            .await
+            .map_err(|e| {
+                SubscribeError::new(
                     stream,
                     format!("creating consumer group `{}`: {e}", descriptor.group),
-                ));
-            }
-        }
+                )
+            })?;
         let reader = descriptor
             .redis
             .reader()
@@ -140,8 +137,11 @@ impl RedisSubscription {
             consumer: descriptor.consumer_name(),
             claim_timeout: descriptor.claim_timeout,
             batch: descriptor.batch,
+            start,
             known: Mutex::default(),
             up: AtomicBool::new(true),
+            closing: AtomicBool::new(false),
+            reader_id: AtomicI64::new(0),
         });
         let (tx, rx) = mpsc::channel(descriptor.batch);
         let reading = read_loop(Arc::clone(&shared), reader, commands.clone(), tx);
@@ -304,11 +304,111 @@ impl Subscription for RedisSubscription {
         Some(Arc::new(move || shared.up.load(Ordering::Relaxed)))
     }
 
-    async fn close(self) {
-        // Entries read ahead and not handed over stay pending for this consumer: another
-        // consumer claims them after the claim timeout (this one, at once, when it comes
-        // back under the same consumer name).
-        self.reader.abort();
+    async fn close(mut self) {
+        // End the reader: its blocking read is cut short, what it read comes through the
+        // channel; then every entry read ahead and not started, and every held
+        // `retry_after` wait, is marked idle for the claim timeout, so another consumer
+        // claims it at its next look instead of a claim timeout later.
+        self.shared.closing.store(true, Ordering::Relaxed);
+        let reader_id = self.shared.reader_id.load(Ordering::Relaxed);
+        if reader_id != 0 {
+            let mut unblock = redis::cmd("CLIENT");
+            unblock.arg("UNBLOCK").arg(reader_id);
+            let unblocking = unblock.query_async::<i64>(&mut self.commands);
+            let _ = tokio::time::timeout(Duration::from_secs(1), unblocking).await;
+        }
+        // Read ahead: the claim that delivers it again counts the attempt it never had.
+        let mut give_back: Vec<(EntryId, u32)> = self
+            .ready
+            .drain(..)
+            .map(|entry| (entry.id, entry.count.saturating_sub(1)))
+            .collect();
+        let deadline = Instant::now() + LONGEST_BLOCK * 2;
+        loop {
+            tokio::select! {
+                biased;
+                read = self.rx.recv() => match read {
+                    Some(Ok(entry)) => give_back.push((entry.id, entry.count.saturating_sub(1))),
+                    Some(Err(_)) => {}
+                    None => break,
+                },
+                () = tokio::time::sleep_until(deadline) => {
+                    self.reader.abort();
+                    break;
+                }
+            }
+        }
+        give_back.extend(
+            self.held
+                .drain()
+                .map(|Reverse(held)| (held.item.id, held.item.attempt)),
+        );
+        let idle = u64::try_from(self.shared.claim_timeout.as_millis()).unwrap_or(u64::MAX);
+        for (id, count) in give_back {
+            let mut give = redis::cmd("XCLAIM");
+            give.arg(&*self.shared.stream)
+                .arg(&self.shared.group)
+                .arg(&self.shared.consumer)
+                .arg(0)
+                .arg(id)
+                .arg("IDLE")
+                .arg(idle)
+                .arg("RETRYCOUNT")
+                .arg(count)
+                .arg("JUSTID");
+            let given = give.query_async::<redis::Value>(&mut self.commands);
+            if let Ok(Err(e)) | Err(e) = tokio::time::timeout(Duration::from_secs(1), given)
+                .await
+                .map_err(|_| "no answer within 1s".to_owned())
+                .map(|r| r.map_err(|e| e.to_string()))
+            {
+                tracing::debug!(stream = &*self.shared.stream, entry = %id, error = %e, "giving the entry back failed: claimed after the claim timeout instead");
+            }
+        }
+    }
+}
+
+/// Creates `group` on `stream` (and the stream) at `start`; an existing group is left as
+/// it is.
+async fn create_group(
+    commands: &mut ConnectionManager,
+    stream: &str,
+    group: &str,
+    start: &str,
+) -> Result<(), redis::RedisError> {
+    let created = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg(stream)
+        .arg(group)
+        .arg(start)
+        .arg("MKSTREAM")
+        .query_async::<()>(commands)
+        .await;
+    match created {
+        // The group is there already: it keeps its position.
+        Err(e) if e.code() == Some("BUSYGROUP") => Ok(()),
+        other => other,
+    }
+}
+
+/// After a command failed because the group is gone (a server restarted without its
+/// data, the group destroyed), creates it again at the start position.
+async fn recreate_if_gone(
+    shared: &Shared,
+    commands: &mut ConnectionManager,
+    e: &redis::RedisError,
+) {
+    if e.code() != Some("NOGROUP") {
+        return;
+    }
+    tracing::warn!(
+        stream = &*shared.stream,
+        group = &shared.group,
+        start = shared.start,
+        "the consumer group is gone (a server that lost its data?): creating it again"
+    );
+    if let Err(e) = create_group(commands, &shared.stream, &shared.group, shared.start).await {
+        tracing::debug!(stream = &*shared.stream, error = %e, "creating the group again failed");
     }
 }
 
@@ -331,21 +431,33 @@ async fn read_loop(
     let keep_every = (shared.claim_timeout / 3).max(Duration::from_millis(10));
     let claim_every = (shared.claim_timeout / 2).max(Duration::from_millis(10));
     let mut next_keepalive = Instant::now() + keep_every;
-    let mut next_claim = Instant::now() + claim_every;
+    // A consumer joining looks for idle entries at once.
+    let mut next_claim = Instant::now();
     // At start and after a failed read: entries pending for this consumer name that the
     // service does not know (a previous life's, or read by a reply that was lost).
     let mut recover = true;
     loop {
+        if shared.closing.load(Ordering::Relaxed) {
+            return;
+        }
         if recover {
+            if let Ok(id) = redis::cmd("CLIENT")
+                .arg("ID")
+                .query_async::<i64>(&mut reader)
+                .await
+            {
+                shared.reader_id.store(id, Ordering::Relaxed);
+            }
             match claim(&shared, &mut commands, None).await {
                 Ok(found) => {
                     recover = false;
-                    shared.up.store(true, Ordering::Relaxed);
+                    succeeded(&shared);
                     if !send_all(&tx, found).await {
                         return;
                     }
                 }
                 Err(e) => {
+                    recreate_if_gone(&shared, &mut commands, &e).await;
                     if !failed(
                         &shared,
                         &tx,
@@ -382,6 +494,9 @@ async fn read_loop(
         let Ok(permits) = tx.reserve_many(shared.batch).await else {
             return;
         };
+        if shared.closing.load(Ordering::Relaxed) {
+            return;
+        }
         let block = next_keepalive
             .min(next_claim)
             .saturating_duration_since(Instant::now())
@@ -401,7 +516,7 @@ async fn read_loop(
             .await;
         match read {
             Ok(value) => {
-                shared.up.store(true, Ordering::Relaxed);
+                succeeded(&shared);
                 let read = read_reply(value);
                 shared.known().extend(read.iter().map(|entry| entry.id));
                 for (permit, entry) in permits.zip(read) {
@@ -411,6 +526,7 @@ async fn read_loop(
             Err(e) => {
                 drop(permits);
                 recover = true;
+                recreate_if_gone(&shared, &mut commands, &e).await;
                 if !failed(&shared, &tx, shared.error("reading the group", &e)).await {
                     return;
                 }
@@ -419,18 +535,29 @@ async fn read_loop(
     }
 }
 
-/// Reports a failed command to the driver and pauses; false once nobody reads.
+/// A failed command: readiness says so, the first failure of a run is logged at ERROR
+/// (the rest at DEBUG, until a command goes through), then a pause. The driver is not
+/// told: it would count the registration failed until a delivery arrives, where the
+/// link probe follows the reads themselves. False once nobody reads.
 async fn failed(
     shared: &Shared,
     tx: &mpsc::Sender<Result<Entry, SubscribeError>>,
     error: SubscribeError,
 ) -> bool {
-    shared.up.store(false, Ordering::Relaxed);
-    if tx.send(Err(error)).await.is_err() {
-        return false;
+    if shared.up.swap(false, Ordering::Relaxed) {
+        tracing::error!(%error, "Redis refused or is unreachable; trying again");
+    } else {
+        tracing::debug!(%error, "still failing; trying again");
     }
     tokio::time::sleep(PAUSE).await;
-    true
+    !tx.is_closed()
+}
+
+/// A command went through: readiness says so, and a recovery is logged.
+fn succeeded(shared: &Shared) {
+    if !shared.up.swap(true, Ordering::Relaxed) {
+        tracing::info!(stream = &*shared.stream, "reading the group again");
+    }
 }
 
 async fn send_all(tx: &mpsc::Sender<Result<Entry, SubscribeError>>, found: Vec<Entry>) -> bool {

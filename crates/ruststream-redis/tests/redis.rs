@@ -476,3 +476,42 @@ async fn s8_a_consumer_name_kept_across_restarts_reads_its_own_pending_entries_a
     assert_eq!(&again.calls()[0].payload[..], b"mine");
     assert_eq!(again.calls()[0].attempt, 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s4_a_stop_gives_held_waits_back_to_the_group_at_once() {
+    let redis = redis().await;
+    let key = stream("s4-stop");
+    // A claim timeout far beyond the test: only the stop's give-back brings it early.
+    let claim = Duration::from_secs(60);
+    let waiting = Script::new(|_| HandlerOutcome::retry_after(Duration::from_secs(120)));
+    let running = App::new()
+        .register(on(
+            redis.stream(&key, "g").claim_timeout(claim),
+            handler(Arc::clone(&waiting)),
+        ))
+        .start()
+        .await
+        .expect("starts");
+    add(&redis, &key, b"waiting").await;
+    eventually(Duration::from_secs(10), "held", || waiting.count() == 1).await;
+    running.stop().await;
+    let again = Script::new(|_| HandlerOutcome::ack());
+    let running = App::new()
+        .register(on(
+            redis.stream(&key, "g").claim_timeout(claim),
+            handler(Arc::clone(&again)),
+        ))
+        .start()
+        .await
+        .expect("starts");
+    eventually(
+        Duration::from_secs(10),
+        "claimed at once by another consumer",
+        || again.count() == 1,
+    )
+    .await;
+    running.stop().await;
+    let call = &again.calls()[0];
+    assert_eq!(&call.payload[..], b"waiting");
+    assert_eq!(call.attempt, 2, "the retry_after's attempt");
+}
