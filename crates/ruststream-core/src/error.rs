@@ -217,6 +217,44 @@ impl PublishError {
     }
 }
 
+/// A transport could not connect to its broker: which broker, where (the URL with its
+/// password or token masked), and why (the client's error, as `source()`). The
+/// transports that have nothing of their own to add return this one.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("cannot connect to {broker} at `{url}`: {cause}")]
+pub struct ConnectError {
+    broker: &'static str,
+    url: String,
+    #[source]
+    cause: Cause,
+}
+
+impl ConnectError {
+    /// Connecting to `broker` (`"RabbitMQ"`) at `url` failed because of `cause`. The URL
+    /// is masked here ([`redact_url`](crate::redact_url)): pass it as it was given.
+    pub fn new(
+        broker: &'static str,
+        url: &str,
+        cause: impl Into<Box<dyn StdError + Send + Sync + 'static>>,
+    ) -> Self {
+        Self {
+            broker,
+            url: crate::redact_url(url).into_owned(),
+            cause: Cause::new(cause),
+        }
+    }
+
+    /// The broker's URL, its password or token masked.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Which broker (`"Pulsar"`, `"RabbitMQ"`, `"Redis"`).
+    pub fn broker(&self) -> &'static str {
+        self.broker
+    }
+}
+
 /// A subscription that could not be opened or read: the address and the cause (the
 /// client's error, as `source()`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -291,5 +329,23 @@ mod tests {
             error.to_string(),
             "subscription on `orders`: no stream captures `orders`"
         );
+    }
+}
+
+#[cfg(test)]
+mod connect_tests {
+    use super::ConnectError;
+
+    #[test]
+    fn a_connect_error_names_broker_and_address_never_the_password() {
+        let error = ConnectError::new("Redis", "redis://app:hunter2@cache:6379", "refused");
+        let shown = format!("{error} {error:?}");
+        assert!(
+            shown.contains("cannot connect to Redis at `redis://app:***@cache:6379`: refused"),
+            "{shown}"
+        );
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert_eq!(error.broker(), "Redis");
+        assert!(std::error::Error::source(&error).is_some());
     }
 }

@@ -52,7 +52,7 @@ pub use delivery::{Attempt, AttemptSource, Delivery, Metadata};
 pub use descriptor::{Backlog, BacklogProbe, Descriptor, LinkProbe, Subscription};
 pub use due::Due;
 pub use env::{Env, EnvError, FromEnvError};
-pub use error::{AckError, Cause, PublishError, PublishErrorKind, SubscribeError};
+pub use error::{AckError, Cause, ConnectError, PublishError, PublishErrorKind, SubscribeError};
 pub use headers::{Headers, MalformedRetryCount, RETRY_COUNT_HEADER};
 pub use names::AddressNames;
 pub use outcome::{HandlerOutcome, OutcomeKind};

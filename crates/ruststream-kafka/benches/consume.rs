@@ -11,7 +11,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use ruststream_test_support::bench::{Figures, Span, load_average, own_thread, report};
+use ruststream_test_support::bench::{Figures, Span, in_turn, load_average, own_thread, report};
 use std::time::{Duration, Instant};
 
 use ruststream::{App, HandlerOutcome, Headers, Message, State, on};
@@ -157,13 +157,7 @@ async fn main() {
         // Each side reads the whole topic as a group of its own; alternate who goes first.
         let raw_side = || raw(brokers.clone(), topic.clone(), format!("raw-{round}"));
         let framework_side = || framework(kafka.clone(), topic.clone(), format!("fw-{round}"));
-        let (r, f) = if round % 2 == 0 {
-            let r = raw_side().await;
-            (r, framework_side().await)
-        } else {
-            let f = framework_side().await;
-            (raw_side().await, f)
-        };
+        let (r, f) = in_turn(round, raw_side, framework_side).await;
         eprintln!("round {round}: raw {r:?}, ruststream {f:?}");
         raws.push(r);
         frameworks.push(f);

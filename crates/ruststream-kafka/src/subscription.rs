@@ -117,11 +117,17 @@ impl Book {
     /// read before its partition moved.
     fn settled(&mut self, receipt: &KafkaReceipt) -> Option<i64> {
         self.forget_moved_partitions();
-        self.partitions
-            .get_mut(receipt.slot)
-            .filter(|s| s.generation == receipt.generation)?
-            .tracker
-            .settled(receipt.offset)
+        let state = self.partitions.get_mut(receipt.slot)?;
+        if state.generation != receipt.generation {
+            tracing::debug!(
+                topic = &*receipt.topic,
+                partition = receipt.partition,
+                offset = receipt.offset,
+                "settled after its partition moved: nothing stored (K5)"
+            );
+            return None;
+        }
+        state.tracker.settled(receipt.offset)
     }
 
     /// The list that stores `resume_at` as the position of `receipt`'s partition.

@@ -14,7 +14,7 @@ use futures_util::StreamExt;
 use ruststream::{App, HandlerOutcome, Message, State, on};
 use ruststream_nats::Nats;
 use ruststream_nats::async_nats::jetstream::{self, consumer::pull, stream};
-use ruststream_test_support::bench::{Figures, Span, load_average, own_thread, report};
+use ruststream_test_support::bench::{Figures, Span, in_turn, load_average, own_thread, report};
 use serde::Deserialize;
 
 #[derive(Deserialize)]
@@ -239,24 +239,22 @@ async fn main() {
     let mut figures: [Vec<Figures>; 5] = Default::default();
     for round in 0..ROUNDS {
         // Alternate the order so neither side always runs on a warmer server.
-        let (raw, fw) = if round % 2 == 0 {
-            let raw = core_raw(&nats, &service, round).await;
-            (raw, core_framework(&nats, &service, round, false).await)
-        } else {
-            let fw = core_framework(&nats, &service, round, false).await;
-            (core_raw(&nats, &service, round).await, fw)
-        };
+        let (raw, fw) = in_turn(
+            round,
+            || core_raw(&nats, &service, round),
+            || core_framework(&nats, &service, round, false),
+        )
+        .await;
         // The same with metrics on (issue #14), compared with the run just above.
         figures[4].push(core_framework(&nats, &service, round, true).await);
         figures[0].push(raw);
         figures[1].push(fw);
-        let (raw, fw) = if round % 2 == 0 {
-            let raw = jetstream_raw(&service, round).await;
-            (raw, jetstream_framework(&service, round).await)
-        } else {
-            let fw = jetstream_framework(&service, round).await;
-            (jetstream_raw(&service, round).await, fw)
-        };
+        let (raw, fw) = in_turn(
+            round,
+            || jetstream_raw(&service, round),
+            || jetstream_framework(&service, round),
+        )
+        .await;
         figures[2].push(raw);
         figures[3].push(fw);
     }

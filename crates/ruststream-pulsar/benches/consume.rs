@@ -12,7 +12,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use ruststream::{App, HandlerOutcome, Headers, Message, State, on};
 use ruststream_pulsar::{Pulsar, SubType};
-use ruststream_test_support::bench::{Figures, Span, load_average, own_thread, report};
+use ruststream_test_support::bench::{Figures, Span, in_turn, load_average, own_thread, report};
 use serde::Deserialize;
 
 #[derive(Deserialize)]
@@ -122,13 +122,12 @@ async fn main() {
         );
         fill(&pulsar, &topic).await;
         // Each side reads the whole topic on a subscription of its own.
-        let (r, f) = if round % 2 == 0 {
-            let r = raw(pulsar.clone(), topic.clone()).await;
-            (r, framework(pulsar.clone(), topic).await)
-        } else {
-            let f = framework(pulsar.clone(), topic.clone()).await;
-            (raw(pulsar.clone(), topic).await, f)
-        };
+        let (r, f) = in_turn(
+            round,
+            || raw(pulsar.clone(), topic.clone()),
+            || framework(pulsar.clone(), topic.clone()),
+        )
+        .await;
         raws.push(r);
         frameworks.push(f);
     }

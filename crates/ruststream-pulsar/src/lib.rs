@@ -107,21 +107,8 @@ impl std::fmt::Debug for Pulsar {
     }
 }
 
-/// The connection could not be made.
-#[derive(Debug, thiserror::Error)]
-#[error("cannot connect to Pulsar at `{url}`: {source}")]
-pub struct ConnectError {
-    url: String,
-    #[source]
-    source: Cause,
-}
-
-impl ConnectError {
-    /// The service URL, its password or token masked.
-    pub fn url(&self) -> &str {
-        &self.url
-    }
-}
+/// The connection could not be made: the broker's URL (password masked) and why.
+pub use ruststream_core::ConnectError;
 
 /// How long [`Pulsar::connect`] waits for the broker (SPEC G7).
 pub const DEFAULT_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -160,10 +147,7 @@ impl Pulsar {
         security: &Security,
         timeout: std::time::Duration,
     ) -> Result<Self, ConnectError> {
-        let fail = |source: Cause| ConnectError {
-            url: ruststream_core::redact_url(url).into_owned(),
-            source,
-        };
+        let fail = |source: Cause| ConnectError::new("Pulsar", url, source);
         let builder = security
             .apply(pulsar::Pulsar::builder(url, pulsar::TokioExecutor))
             .map_err(|e| fail(Cause::new(e)))?;

@@ -14,7 +14,7 @@ use lapin::types::{FieldTable, ShortString};
 use ruststream::{App, Headers, on};
 use ruststream_rabbitmq::{DEFAULT_PREFETCH, QueueKind, RabbitMq, lapin};
 use ruststream_test_support::bench::{
-    Figures, PAYLOAD, Span, Tick, handle, load_average, own_thread, report,
+    Figures, PAYLOAD, Span, Tick, handle, in_turn, load_average, own_thread, report,
 };
 
 const MESSAGES: usize = 20_000;
@@ -101,13 +101,12 @@ async fn main() {
         );
         fill(&rabbit, &raw_queue).await;
         fill(&rabbit, &framework_queue).await;
-        let (r, f) = if round % 2 == 0 {
-            let r = raw(rabbit.clone(), raw_queue).await;
-            (r, framework(rabbit.clone(), framework_queue).await)
-        } else {
-            let f = framework(rabbit.clone(), framework_queue).await;
-            (raw(rabbit.clone(), raw_queue).await, f)
-        };
+        let (r, f) = in_turn(
+            round,
+            || raw(rabbit.clone(), raw_queue),
+            || framework(rabbit.clone(), framework_queue),
+        )
+        .await;
         raws.push(r);
         frameworks.push(f);
     }

@@ -2,7 +2,8 @@
 
 use std::sync::Arc;
 
-use lapin::options::QueueDeclareOptions;
+use lapin::ExchangeKind;
+use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use ruststream_core::{
     Capabilities, DeadLetters, Declaration, DelayedRedelivery, Descriptor, Publish, SubscribeError,
@@ -39,6 +40,15 @@ pub struct RabbitQueue {
     kind: QueueKind,
     declare: bool,
     prefetch: u16,
+    bindings: Vec<Binding>,
+}
+
+/// An exchange the queue is bound to at start.
+#[derive(Debug, Clone)]
+struct Binding {
+    exchange: String,
+    kind: ExchangeKind,
+    routing_key: String,
 }
 
 impl std::fmt::Debug for RabbitQueue {
@@ -58,6 +68,7 @@ impl RabbitQueue {
             kind: QueueKind::Classic,
             declare: false,
             prefetch: DEFAULT_PREFETCH,
+            bindings: Vec::new(),
         }
     }
 
@@ -73,6 +84,25 @@ impl RabbitQueue {
     /// default, when a missing queue fails the start naming it.
     pub fn declare(mut self, declare: bool) -> Self {
         self.declare = declare;
+        self
+    }
+
+    /// Binds the queue to `exchange` with `routing_key` at start, declaring the exchange
+    /// (durable, of `kind`) when missing; call it once per binding. An exchange that
+    /// exists with another kind fails the start naming it; the broker's own `amq.*`
+    /// exchanges are only checked to exist. The queue must exist by then (or be declared,
+    /// [`declare`](Self::declare)).
+    pub fn bind(
+        mut self,
+        exchange: impl Into<String>,
+        kind: ExchangeKind,
+        routing_key: impl Into<String>,
+    ) -> Self {
+        self.bindings.push(Binding {
+            exchange: exchange.into(),
+            kind,
+            routing_key: routing_key.into(),
+        });
         self
     }
 
@@ -128,6 +158,19 @@ impl Descriptor for RabbitQueue {
         if let Some(rule) = queue_rule(&self.queue) {
             broken.push(rule);
         }
+        for binding in &self.bindings {
+            if binding.exchange.is_empty() {
+                broken.push(
+                    "bind(\"\", ..): the default exchange routes by queue name and takes no bindings"
+                        .to_owned(),
+                );
+            } else if binding.exchange.len() > 255 {
+                broken.push(format!(
+                    "the exchange name `{}…` is over 255 bytes",
+                    &binding.exchange[..32]
+                ));
+            }
+        }
         broken
     }
 
@@ -147,6 +190,9 @@ impl Descriptor for RabbitQueue {
             .await
             .map_err(|e| SubscribeError::new(&self.queue, e))?;
         declare(&connection, &self.queue, self.kind, self.declare).await?;
+        if !self.bindings.is_empty() {
+            bind(&connection, &self.queue, &self.bindings).await?;
+        }
         RabbitSubscription::open(
             Arc::clone(&self.rabbit.link),
             &self.queue,
@@ -197,6 +243,64 @@ pub(crate) async fn declare(
             SubscribeError::new(queue, why)
         })?;
     let _ = channel.close(200, ShortString::from("declared")).await;
+    Ok(())
+}
+
+/// Declares each binding's exchange (only checks `amq.*` ones) and binds `queue` to it, on
+/// a channel of its own.
+async fn bind(
+    connection: &lapin::Connection,
+    queue: &str,
+    bindings: &[Binding],
+) -> Result<(), SubscribeError> {
+    let channel = connection
+        .create_channel()
+        .await
+        .map_err(|e| SubscribeError::new(queue, e))?;
+    for binding in bindings {
+        let exchange = binding.exchange.as_str();
+        let options = ExchangeDeclareOptions {
+            passive: exchange.starts_with("amq."),
+            durable: true,
+            ..ExchangeDeclareOptions::default()
+        };
+        channel
+            .exchange_declare(
+                ShortString::from(exchange),
+                binding.kind.clone(),
+                options,
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|e| {
+                SubscribeError::new(
+                    queue,
+                    format!(
+                        "declaring exchange `{exchange}` ({:?}, durable): {e}",
+                        binding.kind
+                    ),
+                )
+            })?;
+        channel
+            .queue_bind(
+                ShortString::from(queue),
+                ShortString::from(exchange),
+                ShortString::from(binding.routing_key.as_str()),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|e| {
+                SubscribeError::new(
+                    queue,
+                    format!(
+                        "binding to exchange `{exchange}` with key `{}`: {e}",
+                        binding.routing_key
+                    ),
+                )
+            })?;
+    }
+    let _ = channel.close(200, ShortString::from("bound")).await;
     Ok(())
 }
 

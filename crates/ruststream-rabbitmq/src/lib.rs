@@ -53,6 +53,7 @@ use std::time::Duration;
 
 pub use descriptor::{DEFAULT_PREFETCH, QueueKind, RabbitQueue};
 pub use lapin;
+pub use lapin::ExchangeKind;
 use link::Link;
 pub use publish::RabbitPublisher;
 use ruststream_core::Cause;
@@ -75,21 +76,8 @@ impl std::fmt::Debug for RabbitMq {
     }
 }
 
-/// The connection could not be made.
-#[derive(Debug, thiserror::Error)]
-#[error("cannot connect to RabbitMQ at `{url}`: {source}")]
-pub struct ConnectError {
-    url: String,
-    #[source]
-    source: Cause,
-}
-
-impl ConnectError {
-    /// The broker's URL, its password masked.
-    pub fn url(&self) -> &str {
-        &self.url
-    }
-}
+/// The connection could not be made: the broker's URL (password masked) and why.
+pub use ruststream_core::ConnectError;
 
 impl RabbitMq {
     /// Connects to `url` (`amqp://user:password@host:5672/%2f`), failing after
@@ -106,10 +94,7 @@ impl RabbitMq {
     /// broker) and the publisher its confirm channel, trying again while the broker
     /// refuses. Readiness reports the registration down meanwhile.
     pub async fn connect_within(url: &str, timeout: Duration) -> Result<Self, ConnectError> {
-        let fail = |source: Cause| ConnectError {
-            url: ruststream_core::redact_url(url).into_owned(),
-            source,
-        };
+        let fail = |source: Cause| ConnectError::new("RabbitMQ", url, source);
         let link = Arc::new(
             Link::open(url, timeout)
                 .await

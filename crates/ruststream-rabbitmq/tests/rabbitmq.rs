@@ -8,7 +8,7 @@ use lapin::options::BasicGetOptions;
 use lapin::types::{AMQPValue, ShortString};
 use ruststream::{App, HandlerOutcome, Headers, StartError, on};
 use ruststream_core::{AttemptSource, PublishErrorKind};
-use ruststream_rabbitmq::{QueueKind, RabbitMq, lapin};
+use ruststream_rabbitmq::{ExchangeKind, QueueKind, RabbitMq, lapin};
 use ruststream_test_support::{Script, eventually, handler, unique_suffix};
 
 mod common;
@@ -387,4 +387,113 @@ async fn g7_start_against_a_closed_port_fails_within_the_timeout_naming_it() {
     let shown = format!("{error} {error:?}");
     assert!(shown.contains(&format!("127.0.0.1:{port}")), "{shown}");
     assert!(!shown.contains("s3cret"), "{shown}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r6_a_bound_exchange_is_declared_and_routes_to_the_queue() {
+    let rabbit = rabbit().await;
+    let (queue, exchange) = (
+        format!("r6-bound-{}", unique_suffix()),
+        format!("r6-orders-{}", unique_suffix()),
+    );
+    let script = Script::new(|_| HandlerOutcome::ack());
+    let running = App::new()
+        .register(on(
+            rabbit
+                .queue(&queue)
+                .declare(true)
+                .bind(&exchange, ExchangeKind::Topic, "orders.*"),
+            handler(Arc::clone(&script)),
+        ))
+        .start()
+        .await
+        .expect("starts");
+    let channel = rabbit.connection().create_channel().await.expect("channel");
+    for key in ["orders.eu", "invoices.eu", "orders.us"] {
+        channel
+            .basic_publish(
+                ShortString::from(exchange.as_str()),
+                ShortString::from(key),
+                lapin::options::BasicPublishOptions::default(),
+                key.as_bytes(),
+                lapin::BasicProperties::default(),
+            )
+            .await
+            .expect("published")
+            .await
+            .expect("sent");
+    }
+    eventually(Duration::from_secs(10), "the two orders routed", || {
+        script.count() == 2
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    running.stop().await;
+    let mut routed: Vec<String> = script
+        .calls()
+        .iter()
+        .map(|c| String::from_utf8_lossy(&c.payload).into_owned())
+        .collect();
+    routed.sort();
+    assert_eq!(
+        routed,
+        ["orders.eu", "orders.us"],
+        "by the binding's pattern"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r6_an_exchange_of_another_kind_is_refused_at_start_naming_it() {
+    let rabbit = rabbit().await;
+    let (queue, exchange) = (
+        format!("r6-kind-{}", unique_suffix()),
+        format!("r6-fanout-{}", unique_suffix()),
+    );
+    let channel = rabbit.connection().create_channel().await.expect("channel");
+    channel
+        .exchange_declare(
+            ShortString::from(exchange.as_str()),
+            ExchangeKind::Fanout,
+            lapin::options::ExchangeDeclareOptions::default(),
+            lapin::types::FieldTable::default(),
+        )
+        .await
+        .expect("a fanout exchange");
+    let refused = App::new()
+        .register(on(
+            rabbit
+                .queue(&queue)
+                .declare(true)
+                .bind(&exchange, ExchangeKind::Topic, "#"),
+            |_: ruststream::Message<u64>| async { HandlerOutcome::ack() },
+        ))
+        .start()
+        .await
+        .expect_err("refused");
+    let text = format!(
+        "{refused}: {}",
+        std::error::Error::source(&refused)
+            .map(ToString::to_string)
+            .unwrap_or_default()
+    );
+    assert!(text.contains(&exchange), "names the exchange: {text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r6_the_default_exchange_takes_no_binding() {
+    let rabbit = rabbit().await;
+    let refused = App::new()
+        .register(on(
+            rabbit
+                .queue("r6-default")
+                .bind("", ExchangeKind::Direct, "x"),
+            |_: ruststream::Message<u64>| async { HandlerOutcome::ack() },
+        ))
+        .start()
+        .await
+        .expect_err("refused");
+    assert!(
+        refused.to_string().contains("default exchange"),
+        "{refused}"
+    );
 }

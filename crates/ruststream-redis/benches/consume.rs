@@ -14,7 +14,7 @@ use redis::streams::{StreamReadOptions, StreamReadReply};
 use ruststream::{App, Headers, on};
 use ruststream_redis::{DEFAULT_BATCH, Redis, redis};
 use ruststream_test_support::bench::{
-    Figures, PAYLOAD, Span, Tick, handle, load_average, own_thread, report,
+    Figures, PAYLOAD, Span, Tick, handle, in_turn, load_average, own_thread, report,
 };
 
 const MESSAGES: usize = 20_000;
@@ -104,13 +104,12 @@ async fn main() {
         );
         fill(&redis, &raw_stream).await;
         fill(&redis, &framework_stream).await;
-        let (r, f) = if round % 2 == 0 {
-            let r = raw(redis.clone(), raw_stream).await;
-            (r, framework(redis.clone(), framework_stream).await)
-        } else {
-            let f = framework(redis.clone(), framework_stream).await;
-            (raw(redis.clone(), raw_stream).await, f)
-        };
+        let (r, f) = in_turn(
+            round,
+            || raw(redis.clone(), raw_stream),
+            || framework(redis.clone(), framework_stream),
+        )
+        .await;
         raws.push(r);
         frameworks.push(f);
     }

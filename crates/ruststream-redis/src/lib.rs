@@ -78,21 +78,8 @@ impl std::fmt::Debug for Redis {
     }
 }
 
-/// The connection could not be made.
-#[derive(Debug, thiserror::Error)]
-#[error("cannot connect to Redis at `{url}`: {source}")]
-pub struct ConnectError {
-    url: String,
-    #[source]
-    source: Cause,
-}
-
-impl ConnectError {
-    /// The server's URL, its password masked.
-    pub fn url(&self) -> &str {
-        &self.url
-    }
-}
+/// The connection could not be made: the broker's URL (password masked) and why.
+pub use ruststream_core::ConnectError;
 
 impl Redis {
     /// Connects to `url` (`redis://[user:password@]host:6379[/db]`, `rediss://` for TLS),
@@ -107,10 +94,7 @@ impl Redis {
     /// the server is away, and reading resumes once it is back.
     pub async fn connect_within(url: &str, timeout: Duration) -> Result<Self, ConnectError> {
         let shown: Arc<str> = Arc::from(ruststream_core::redact_url(url).as_ref());
-        let fail = |source: Cause| ConnectError {
-            url: shown.to_string(),
-            source,
-        };
+        let fail = |source: Cause| ConnectError::new("Redis", url, source);
         let client = redis::Client::open(url).map_err(|e| fail(Cause::new(e)))?;
         let commands = manager(&client, timeout, Some(COMMAND_TIMEOUT))
             .await

@@ -142,6 +142,26 @@ where
         .expect("the consumer thread ended without an answer")
 }
 
+/// Runs both sides of one round, `raw` first on even rounds and `framework` first on odd
+/// ones, so neither side always runs on the warmer broker; returns (raw, framework).
+pub async fn in_turn<R, F, RawF, FwF>(
+    round: usize,
+    raw: impl FnOnce() -> RawF,
+    framework: impl FnOnce() -> FwF,
+) -> (R, F)
+where
+    RawF: Future<Output = R>,
+    FwF: Future<Output = F>,
+{
+    if round % 2 == 0 {
+        let r = raw().await;
+        (r, framework().await)
+    } else {
+        let f = framework().await;
+        (raw().await, f)
+    }
+}
+
 /// One line comparing ruststream with the raw loop over interleaved rounds: each side's
 /// lowest CPU per message (the least disturbed round) and highest rate, and the ratios.
 pub fn report(path: &str, raw: &[Figures], framework: &[Figures], load: &str) -> String {
