@@ -6,13 +6,14 @@
 //!
 //! Run with `cargo bench -p ruststream-pulsar --bench consume`.
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use ruststream::{App, HandlerOutcome, Headers, Message, State, on};
+use ruststream::Headers;
 use ruststream_pulsar::{Pulsar, SubType};
-use ruststream_test_support::bench::{Figures, Span, in_turn, load_average, own_thread, report};
+use ruststream_test_support::bench::{
+    Figures, Span, in_turn, load_average, own_thread, report, through_app,
+};
 use serde::Deserialize;
 
 #[derive(Deserialize)]
@@ -28,15 +29,6 @@ const PAYLOAD: &[u8] = br#"{"id":123456,"price":4200,"qty":7,"buy":true}"#;
 const MESSAGES: usize = 20_000;
 const ROUNDS: usize = 3;
 const LIMIT: Duration = Duration::from_secs(300);
-
-async fn handle(
-    Message(tick): Message<Tick>,
-    State(span): State<Arc<Mutex<Span>>>,
-) -> HandlerOutcome {
-    std::hint::black_box(tick);
-    Span::hit(&span);
-    HandlerOutcome::ack()
-}
 
 /// Subscriptions made after the messages were sent start from the first one.
 fn earliest() -> pulsar::ConsumerOptions {
@@ -83,24 +75,11 @@ async fn raw(pulsar: Pulsar, topic: String) -> Figures {
 }
 
 async fn framework(pulsar: Pulsar, topic: String) -> Figures {
-    own_thread(move || async move {
-        let span = Span::new(MESSAGES);
-        let running = App::new()
-            .state(Arc::clone(&span))
-            .register(on(
-                pulsar
-                    .topic(topic)
-                    .subscription("framework")
-                    .options(earliest()),
-                handle,
-            ))
-            .start()
-            .await
-            .expect("start");
-        Span::wait(&span, LIMIT, LIMIT).await;
-        let figures = Span::figures(&span);
-        running.stop().await;
-        figures
+    through_app(MESSAGES, LIMIT, move || {
+        pulsar
+            .topic(topic)
+            .subscription("framework")
+            .options(earliest())
     })
     .await
 }

@@ -5,16 +5,15 @@
 //!
 //! Run with `cargo bench -p ruststream-rabbitmq --bench consume`.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::{FieldTable, ShortString};
-use ruststream::{App, Headers, on};
+use ruststream::Headers;
 use ruststream_rabbitmq::{DEFAULT_PREFETCH, QueueKind, RabbitMq, lapin};
 use ruststream_test_support::bench::{
-    Figures, PAYLOAD, Span, Tick, handle, in_turn, load_average, own_thread, report,
+    Figures, PAYLOAD, Span, Tick, in_turn, load_average, own_thread, report, through_app,
 };
 
 const MESSAGES: usize = 20_000;
@@ -71,20 +70,7 @@ async fn raw(rabbit: RabbitMq, queue: String) -> Figures {
 }
 
 async fn framework(rabbit: RabbitMq, queue: String) -> Figures {
-    own_thread(move || async move {
-        let span = Span::new(MESSAGES);
-        let running = App::new()
-            .state(Arc::clone(&span))
-            .register(on(rabbit.queue(queue), handle))
-            .start()
-            .await
-            .expect("start");
-        Span::wait(&span, LIMIT, LIMIT).await;
-        let figures = Span::figures(&span);
-        running.stop().await;
-        figures
-    })
-    .await
+    through_app(MESSAGES, LIMIT, move || rabbit.queue(queue)).await
 }
 
 #[tokio::main]

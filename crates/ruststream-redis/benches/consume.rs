@@ -6,15 +6,14 @@
 //!
 //! Run with `cargo bench -p ruststream-redis --bench consume`.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use redis::AsyncCommands;
 use redis::streams::{StreamReadOptions, StreamReadReply};
-use ruststream::{App, Headers, on};
+use ruststream::Headers;
 use ruststream_redis::{DEFAULT_BATCH, Redis, redis};
 use ruststream_test_support::bench::{
-    Figures, PAYLOAD, Span, Tick, handle, in_turn, load_average, own_thread, report,
+    Figures, PAYLOAD, Span, Tick, in_turn, load_average, own_thread, report, through_app,
 };
 
 const MESSAGES: usize = 20_000;
@@ -74,20 +73,7 @@ async fn raw(redis: Redis, stream: String) -> Figures {
 }
 
 async fn framework(redis: Redis, stream: String) -> Figures {
-    own_thread(move || async move {
-        let span = Span::new(MESSAGES);
-        let running = App::new()
-            .state(Arc::clone(&span))
-            .register(on(redis.stream(stream, "framework"), handle))
-            .start()
-            .await
-            .expect("start");
-        Span::wait(&span, LIMIT, LIMIT).await;
-        let figures = Span::figures(&span);
-        running.stop().await;
-        figures
-    })
-    .await
+    through_app(MESSAGES, LIMIT, move || redis.stream(stream, "framework")).await
 }
 
 #[tokio::main]

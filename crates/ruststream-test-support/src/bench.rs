@@ -142,6 +142,33 @@ where
         .expect("the consumer thread ended without an answer")
 }
 
+/// The ruststream side of a round: an app with one registration of the descriptor
+/// `descriptor` makes and [`handle`], on a thread of its own (as [`own_thread`]), until
+/// `messages` were handled or nothing moved for `limit`; its figures.
+pub async fn through_app<D>(
+    messages: usize,
+    limit: std::time::Duration,
+    descriptor: impl FnOnce() -> D + Send + 'static,
+) -> Figures
+where
+    D: ruststream::core::Descriptor,
+{
+    own_thread(move || async move {
+        let span = Span::new(messages);
+        let running = ruststream::App::new()
+            .state(Arc::clone(&span))
+            .register(ruststream::on(descriptor(), handle))
+            .start()
+            .await
+            .expect("start");
+        Span::wait(&span, limit, limit).await;
+        let figures = Span::figures(&span);
+        running.stop().await;
+        figures
+    })
+    .await
+}
+
 /// Runs both sides of one round, `raw` first on even rounds and `framework` first on odd
 /// ones, so neither side always runs on the warmer broker; returns (raw, framework).
 pub async fn in_turn<R, F, RawF, FwF>(
