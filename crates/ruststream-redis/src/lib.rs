@@ -5,8 +5,8 @@
 //!
 //! | outcome | Redis |
 //! |---|---|
-//! | `ack()` | `XACK` |
-//! | `drop()` | `XACK` (the entry stays in the stream: trimming is the stream's retention) |
+//! | `ack()` | `XACK`, batched: one for every entry settled since the last, sent before `next` waits |
+//! | `drop()` | `XACK` as for ack (the entry stays in the stream: trimming is the stream's retention) |
 //! | `retry()` | `XCLAIM` to this consumer at once: counted by Redis, delivered again first |
 //! | `retry_after(d)` | the entry stays pending in Redis; after d, `XCLAIM` as above |
 //! | no outcome | nothing: claimed by a consumer of the group once idle for the claim timeout |

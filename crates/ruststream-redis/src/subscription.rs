@@ -36,6 +36,8 @@ const PAUSE: Duration = Duration::from_millis(200);
 const LONGEST_BLOCK: Duration = Duration::from_secs(1);
 /// How many ids one keepalive or claim command names at most.
 const CHUNK: usize = 256;
+/// How many acknowledgements are gathered at most before they are sent.
+const ACKS_AT_ONCE: usize = 256;
 
 /// Moves one entry, as stored, to the dead-letter stream and acknowledges it, atomically
 /// (a script runs alone on the server, as a `MULTI`/`EXEC` would): both or neither.
@@ -90,6 +92,9 @@ pub struct RedisSubscription {
     rx: mpsc::Receiver<Result<Entry, SubscribeError>>,
     /// Claimed again by `retry()` or a due `retry_after`: delivered before anything read.
     ready: VecDeque<Entry>,
+    /// Acknowledged (or dropped) since the last `XACK`: sent together, before `next`
+    /// waits for more and at a stop (S2).
+    acks: Vec<EntryId>,
     /// `retry_after` waits: pending in Redis, claimed again once due.
     held: BinaryHeap<Reverse<Due<Instant, RedisReceipt>>>,
     reader: tokio::task::JoinHandle<()>,
@@ -150,6 +155,7 @@ impl RedisSubscription {
             commands,
             rx,
             ready: VecDeque::new(),
+            acks: Vec::new(),
             held: BinaryHeap::new(),
             reader: tokio::spawn(reading),
             dead_letter: declaration.dead_letter.clone(),
@@ -207,6 +213,38 @@ impl RedisSubscription {
     }
 }
 
+impl RedisSubscription {
+    /// Sends the acknowledgements gathered so far as one `XACK`. They are forgotten by
+    /// the keepalive either way: when the XACK fails, the entries idle and are claimed
+    /// again (handled twice, never lost). Cancel safe: the ids are taken only once sent.
+    async fn flush_acks(&mut self) {
+        if self.acks.is_empty() {
+            return;
+        }
+        let mut command = redis::cmd("XACK");
+        command.arg(&*self.shared.stream).arg(&self.shared.group);
+        for id in &self.acks {
+            command.arg(*id);
+        }
+        let sent = command.query_async::<i64>(&mut self.commands).await;
+        {
+            let mut known = self.shared.known();
+            for id in &self.acks {
+                known.remove(id);
+            }
+        }
+        if let Err(e) = sent {
+            tracing::error!(
+                stream = &*self.shared.stream,
+                entries = self.acks.len(),
+                error = %e,
+                "acknowledging failed: the entries will be claimed again"
+            );
+        }
+        self.acks.clear();
+    }
+}
+
 impl Subscription for RedisSubscription {
     type Receipt = RedisReceipt;
 
@@ -230,6 +268,19 @@ impl Subscription for RedisSubscription {
                 }
                 continue;
             }
+            // An entry read already goes out at once; before waiting for more, the
+            // acknowledgements so far are sent, as one XACK.
+            let next = match self.rx.try_recv() {
+                Ok(read) => Some(read),
+                Err(mpsc::error::TryRecvError::Empty) => None,
+                Err(mpsc::error::TryRecvError::Disconnected) => return None,
+            };
+            if next.is_none() || self.acks.len() >= ACKS_AT_ONCE {
+                self.flush_acks().await;
+            }
+            if let Some(read) = next {
+                return Some(read.map(|entry| self.delivery(entry)));
+            }
             let due = self.held.peek().map(|Reverse(held)| held.due);
             return tokio::select! {
                 biased;
@@ -252,17 +303,12 @@ impl Subscription for RedisSubscription {
             }
             // The entry stays in the stream either way (S2).
             Settle::Ack | Settle::Drop => {
-                // Forgotten even when the XACK fails: then it is claimed again, never kept
-                // alive without an owner.
-                self.shared.known().remove(&id);
-                redis::cmd("XACK")
-                    .arg(&*self.shared.stream)
-                    .arg(&self.shared.group)
-                    .arg(id)
-                    .query_async::<i64>(&mut self.commands)
-                    .await
-                    .map(drop)
-                    .map_err(AckError::failed)
+                // Sent with the others before `next` waits (one XACK for a batch).
+                self.acks.push(id);
+                if self.acks.len() >= ACKS_AT_ONCE {
+                    self.flush_acks().await;
+                }
+                Ok(())
             }
             Settle::Redeliver => self.claim_again(receipt).await,
             Settle::RedeliverAfter(delay) => {
@@ -305,6 +351,7 @@ impl Subscription for RedisSubscription {
     }
 
     async fn close(mut self) {
+        self.flush_acks().await;
         // End the reader: its blocking read is cut short, what it read comes through the
         // channel; then every entry read ahead and not started, and every held
         // `retry_after` wait, is marked idle for the claim timeout, so another consumer
