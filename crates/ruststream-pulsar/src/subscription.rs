@@ -268,6 +268,23 @@ impl Subscription for PulsarSubscription {
         self.held.len()
     }
 
+    /// At `max_in_flight` the driver stops calling `next`: held waits that come due are
+    /// nacked here, which frees room (G5); without it they would wait forever.
+    async fn idle(&mut self) {
+        let Some(due) = self.held.peek().map(|Reverse(h)| h.due) else {
+            return std::future::pending().await;
+        };
+        tokio::time::sleep_until(due).await;
+        if let Some(Reverse(first)) = self.held.peek() {
+            let receipt = first.item.clone();
+            let nacked = self.nack(receipt).await;
+            self.held.pop();
+            if let Err(e) = nacked {
+                tracing::warn!(address = &*self.address, error = %e, "nack after retry_after failed");
+            }
+        }
+    }
+
     async fn close(self) {
         let Some(mut consumer) = self.consumer else {
             return;

@@ -251,6 +251,23 @@ impl Subscription for RabbitSubscription {
         self.held.len()
     }
 
+    /// At `max_in_flight` the driver stops calling `next`: held waits that come due are
+    /// nacked here, which frees room (G5); without it they would wait forever.
+    async fn idle(&mut self) {
+        let Some(due) = self.held.peek().map(|Reverse(held)| held.due) else {
+            return std::future::pending().await;
+        };
+        tokio::time::sleep_until(due).await;
+        if let Some(Reverse(first)) = self.held.peek() {
+            let receipt = first.item.clone();
+            let nacked = nack(&receipt).await;
+            self.held.pop();
+            if let Err(e) = nacked {
+                tracing::warn!(address = &*self.address, error = %e, "nack after retry_after failed");
+            }
+        }
+    }
+
     fn link(&self) -> Option<ruststream_core::LinkProbe> {
         let link = Arc::clone(&self.link);
         Some(Arc::new(move || link.is_up()))

@@ -497,3 +497,40 @@ async fn r6_the_default_exchange_takes_no_binding() {
         "{refused}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g5_quorum_held_retry_after_waits_come_due_at_max_in_flight() {
+    let rabbit = rabbit().await;
+    let queue = format!("g5-held-{}", unique_suffix());
+    declare(&rabbit, &queue, &[("x-queue-type", text("quorum"))]).await;
+    for n in 0..20 {
+        send(&rabbit, &queue, format!("m{n}").as_bytes()).await;
+    }
+    let script = Script::new(|d| {
+        if d.attempt().number() == 1 {
+            HandlerOutcome::retry_after(Duration::from_millis(300))
+        } else {
+            HandlerOutcome::ack()
+        }
+    });
+    let running = App::new()
+        .register(
+            on(
+                rabbit.queue(&queue).kind(QueueKind::Quorum),
+                handler(Arc::clone(&script)),
+            )
+            .max_in_flight(5),
+        )
+        .start()
+        .await
+        .expect("starts");
+    // Every wait fills the bound; each comes due and is nacked though nothing is fetched.
+    eventually(
+        Duration::from_secs(20),
+        "every message back and acked",
+        || script.calls().iter().filter(|c| c.attempt == 2).count() == 20,
+    )
+    .await;
+    running.stop().await;
+    assert!(get(&rabbit, &queue).await.is_none(), "nothing left behind");
+}

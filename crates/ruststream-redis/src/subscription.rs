@@ -345,6 +345,25 @@ impl Subscription for RedisSubscription {
         self.held.len()
     }
 
+    /// At `max_in_flight` the driver stops calling `next`: the acknowledgements gathered
+    /// are sent, and held waits that come due are claimed here, which frees room (G5);
+    /// without it they would wait forever.
+    async fn idle(&mut self) {
+        self.flush_acks().await;
+        let Some(due) = self.held.peek().map(|Reverse(held)| held.due) else {
+            return std::future::pending().await;
+        };
+        tokio::time::sleep_until(due).await;
+        if let Some(Reverse(first)) = self.held.peek() {
+            let receipt = first.item;
+            let claimed = self.claim_again(receipt).await;
+            self.held.pop();
+            if let Err(e) = claimed {
+                tracing::warn!(stream = &*self.shared.stream, entry = %receipt.id, error = %e, "claiming after retry_after failed");
+            }
+        }
+    }
+
     fn link(&self) -> Option<ruststream_core::LinkProbe> {
         let shared = Arc::clone(&self.shared);
         Some(Arc::new(move || shared.up.load(Ordering::Relaxed)))

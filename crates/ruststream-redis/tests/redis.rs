@@ -515,3 +515,33 @@ async fn s4_a_stop_gives_held_waits_back_to_the_group_at_once() {
     assert_eq!(&call.payload[..], b"waiting");
     assert_eq!(call.attempt, 2, "the retry_after's attempt");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g5_held_retry_after_waits_come_due_at_max_in_flight() {
+    let redis = redis().await;
+    let key = stream("g5-held");
+    for n in 0..20 {
+        add(&redis, &key, format!("m{n}").as_bytes()).await;
+    }
+    let script = Script::new(|d| {
+        if d.attempt().number() == 1 {
+            HandlerOutcome::retry_after(Duration::from_millis(300))
+        } else {
+            HandlerOutcome::ack()
+        }
+    });
+    let running = App::new()
+        .register(on(redis.stream(&key, "g"), handler(Arc::clone(&script))).max_in_flight(5))
+        .start()
+        .await
+        .expect("starts");
+    // Every wait fills the bound; each comes due and is claimed though nothing is fetched.
+    eventually(
+        Duration::from_secs(20),
+        "every entry back and acked",
+        || script.calls().iter().filter(|c| c.attempt == 2).count() == 20,
+    )
+    .await;
+    running.stop().await;
+    assert_eq!(pending(&redis, &key, "g").await, 0);
+}
