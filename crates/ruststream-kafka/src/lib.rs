@@ -77,6 +77,7 @@
 //!   real Kafka (`RUSTSTREAM_REAL_KAFKA_BROKERS`); tansu also keeps nothing across a
 //!   restart, so the broker-restart fault test uses librdkafka's mock cluster.
 
+mod book;
 mod close;
 mod config;
 mod context;

@@ -1,7 +1,7 @@
 //! JetStream: a durable pull consumer whose deliveries the server settles (SPEC N1, N4-N7).
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::AckKind;
@@ -9,7 +9,6 @@ use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, pull};
 use async_nats::{Client, Subject};
 use bytes::Bytes;
 use futures_util::StreamExt;
-use ruststream_core::hash::SpreadMap;
 use ruststream_core::{
     AckError, Attempt, Backlog, BacklogProbe, Capabilities, Cause, DeadLetters, Declaration,
     DelayedRedelivery, Delivery, Descriptor, LinkProbe, Metadata, Publish, Settle, StartAt,
@@ -17,7 +16,9 @@ use ruststream_core::{
 };
 use tokio::task::JoinHandle;
 
+use crate::ack_reply::AckInfo;
 use crate::headers::from_nats;
+use crate::keepalive::{InProgress, Running, keep_alive, lock};
 use crate::publish::NatsPublisher;
 use crate::subject;
 
@@ -310,115 +311,8 @@ async fn warn_if_no_stream_keeps(
     }
 }
 
-/// What a delivery's `$JS.ACK` reply subject says about it (the counts ruststream uses).
-#[derive(Debug, PartialEq, Eq)]
-struct AckInfo {
-    delivered: u64,
-    stream_sequence: u64,
-    consumer_sequence: u64,
-    published_ns: i64,
-}
-
-impl AckInfo {
-    /// Reads the numbers out of both forms the server sends (NATS ADR-15):
-    /// `$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<nanos>.<pending>`, and the
-    /// one with `<domain>.<account hash>.` before the stream and possibly more tokens
-    /// after. The client's own `info()` does this too, and also turns the time into a
-    /// calendar date nobody here reads: about a third of a delivery's cost.
-    fn parse(reply: &str) -> Option<Self> {
-        let rest = reply.strip_prefix("$JS.ACK.")?;
-        let mut tokens = [""; 9];
-        let mut count = 0;
-        for token in rest.split('.') {
-            if count < tokens.len() {
-                tokens[count] = token;
-            }
-            count += 1;
-        }
-        let first = match count {
-            7 => 2,
-            n if n >= 9 => 4,
-            _ => return None,
-        };
-        Some(Self {
-            delivered: tokens[first].parse().ok()?,
-            stream_sequence: tokens[first + 1].parse().ok()?,
-            consumer_sequence: tokens[first + 2].parse().ok()?,
-            published_ns: tokens[first + 3].parse().ok()?,
-        })
-    }
-}
-
 /// A delivery's consumer sequence (unique per delivery) and its ack subject.
 type Receipt = (u64, Subject);
-
-/// A delivery handed to the runtime and not settled yet.
-struct Running {
-    reply: Subject,
-    /// The keepalive's tick when it was handed over.
-    since: u64,
-    /// The tick when progress was last told.
-    told: u64,
-}
-
-/// Running deliveries by consumer sequence, and the keepalive's clock: a tick count, so
-/// handing a delivery over reads an atomic instead of the system clock.
-#[derive(Default)]
-struct Progress {
-    running: Mutex<SpreadMap<u64, Running>>,
-    ticks: AtomicU64,
-}
-
-type InProgress = Arc<Progress>;
-
-fn lock(progress: &Progress) -> std::sync::MutexGuard<'_, SpreadMap<u64, Running>> {
-    progress
-        .running
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-}
-
-/// Tells the server that deliveries still running after half of `ack_wait` are in
-/// progress (`+WPI`), which restarts their `ack_wait`; never past the handler deadline
-/// (SPEC D3), so a handler that cannot be cancelled (one that blocks its thread) still
-/// lets the server redeliver after `ack_wait`. Time is counted in ticks of a quarter of
-/// `ack_wait`; a delivery is told about after at most half of it.
-///
-/// The keepalive sees when a delivery was handed over, not when its handler started: it
-/// may wait behind one running and one queued delivery of its lane first, each cut at
-/// the deadline. So a delivery is kept alive for at most three deadlines from hand-over.
-async fn keep_alive(
-    client: Client,
-    progress: InProgress,
-    ack_wait: Duration,
-    deadline: Option<Duration>,
-) {
-    let tick = (ack_wait / 4).max(Duration::from_millis(20));
-    let ticks_in = |d: Duration| d.as_nanos().div_ceil(tick.as_nanos()) as u64;
-    // Told when a tick finds it handed over (or told) this long ago, in ticks: between
-    // one tick less and this many ticks of time have passed.
-    let half = ticks_in(ack_wait / 2).max(1);
-    let limit = deadline.map(|d| ticks_in(d * 3));
-    let mut interval = tokio::time::interval(tick);
-    loop {
-        interval.tick().await;
-        let now = progress.ticks.fetch_add(1, Ordering::Relaxed) + 1;
-        let due: Vec<Subject> = lock(&progress)
-            .values_mut()
-            .filter(|r| now - r.told >= half)
-            .filter(|r| limit.is_none_or(|limit| now - r.since < limit))
-            .map(|r| {
-                r.told = now;
-                r.reply.clone()
-            })
-            .collect();
-        for reply in due {
-            if let Err(e) = client.publish(reply, Bytes::from(AckKind::Progress)).await {
-                tracing::warn!(error = %e, "sending +WPI failed");
-            }
-        }
-    }
-}
 
 /// An open JetStream subscription.
 pub struct JetStreamSubscription {
@@ -582,30 +476,6 @@ impl Drop for JetStreamSubscription {
     fn drop(&mut self) {
         if let Some(keepalive) = self.keepalive.take() {
             keepalive.abort();
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::AckInfo;
-
-    #[test]
-    fn both_reply_subject_forms_are_read() {
-        let expected = AckInfo {
-            delivered: 3,
-            stream_sequence: 41,
-            consumer_sequence: 17,
-            published_ns: 1_700_000_000_123_456_789,
-        };
-        let v1 = "$JS.ACK.ORDERS.worker.3.41.17.1700000000123456789.5";
-        let v2 = "$JS.ACK._.ACCHASH.ORDERS.worker.3.41.17.1700000000123456789.5.rnd";
-        let v2_short = "$JS.ACK.hub.ACCHASH.ORDERS.worker.3.41.17.1700000000123456789.5";
-        for reply in [v1, v2, v2_short] {
-            assert_eq!(AckInfo::parse(reply).as_ref(), Some(&expected), "{reply}");
-        }
-        for bad in ["_INBOX.x.y", "$JS.ACK.a.b.c", "$JS.ACK.S.C.x.41.17.1.5"] {
-            assert_eq!(AckInfo::parse(bad), None, "{bad}");
         }
     }
 }

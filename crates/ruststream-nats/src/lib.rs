@@ -87,10 +87,12 @@
 //!   subject; when no answer comes (the server restarting), the publish fails rather
 //!   than going out on Core NATS, so the original stays unsettled and comes back.
 
+mod ack_reply;
 mod core_subject;
 mod drops;
 mod headers;
 mod jetstream;
+mod keepalive;
 mod publish;
 mod subject;
 

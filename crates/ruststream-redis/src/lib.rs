@@ -46,6 +46,7 @@
 mod descriptor;
 mod entry;
 mod publish;
+mod reader;
 pub mod subscription;
 
 use std::sync::Arc;

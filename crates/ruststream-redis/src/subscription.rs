@@ -8,9 +8,9 @@
 //! go through the shared command connection.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
+use std::collections::{BinaryHeap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::aio::ConnectionManager;
@@ -21,7 +21,8 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::descriptor::{RedisStream, StartAt};
-use crate::entry::{Entry, EntryId, entries, pending, read_reply};
+use crate::entry::{Entry, EntryId, entries};
+use crate::reader::{LONGEST_BLOCK, Reader, Shared, create_group};
 
 /// What settles one entry: its id and the attempt it was delivered as.
 #[derive(Debug, Clone, Copy)]
@@ -30,12 +31,6 @@ pub struct RedisReceipt {
     attempt: u32,
 }
 
-/// How long the reader waits after a failed command before it tries again.
-const PAUSE: Duration = Duration::from_millis(200);
-/// The longest one blocking read waits, so timed work is never late by more.
-const LONGEST_BLOCK: Duration = Duration::from_secs(1);
-/// How many ids one keepalive or claim command names at most.
-const CHUNK: usize = 256;
 /// How many acknowledgements are gathered at most before they are sent.
 const ACKS_AT_ONCE: usize = 256;
 
@@ -52,38 +47,6 @@ end
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
 return moved
 ";
-
-/// What the reader task and the subscription share.
-struct Shared {
-    stream: Arc<str>,
-    group: String,
-    consumer: String,
-    claim_timeout: Duration,
-    batch: usize,
-    /// Where the group begins when it has to be created (`0` or `$`).
-    start: &'static str,
-    /// Entries live in this service (read ahead, running, waiting out `retry_after`):
-    /// kept alive, and never claimed again by this service's own recovery.
-    known: Mutex<HashSet<EntryId>>,
-    /// Whether the reader's last command went through (readiness).
-    up: AtomicBool,
-    /// Set by `close`: the reader ends at its next turn.
-    closing: AtomicBool,
-    /// The reader connection's `CLIENT ID` (0 unknown), so `close` can end its blocking
-    /// read at once (`CLIENT UNBLOCK`) rather than leave it to take entries for a consumer
-    /// that is going away.
-    reader_id: AtomicI64,
-}
-
-impl Shared {
-    fn known(&self) -> std::sync::MutexGuard<'_, HashSet<EntryId>> {
-        self.known.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn error(&self, what: &str, e: &redis::RedisError) -> SubscribeError {
-        SubscribeError::new(&*self.stream, format!("{what}: {e}"))
-    }
-}
 
 /// The open subscription (its driver task is the only caller).
 pub struct RedisSubscription {
@@ -149,7 +112,7 @@ impl RedisSubscription {
             reader_id: AtomicI64::new(0),
         });
         let (tx, rx) = mpsc::channel(descriptor.batch);
-        let reading = read_loop(Arc::clone(&shared), reader, commands.clone(), tx);
+        let reading = Reader::new(Arc::clone(&shared), reader, commands.clone(), tx).run();
         Ok(Self {
             shared,
             commands,
@@ -434,284 +397,10 @@ impl Subscription for RedisSubscription {
     }
 }
 
-/// Creates `group` on `stream` (and the stream) at `start`; an existing group is left as
-/// it is.
-async fn create_group(
-    commands: &mut ConnectionManager,
-    stream: &str,
-    group: &str,
-    start: &str,
-) -> Result<(), redis::RedisError> {
-    let created = redis::cmd("XGROUP")
-        .arg("CREATE")
-        .arg(stream)
-        .arg(group)
-        .arg(start)
-        .arg("MKSTREAM")
-        .query_async::<()>(commands)
-        .await;
-    match created {
-        // The group is there already: it keeps its position.
-        Err(e) if e.code() == Some("BUSYGROUP") => Ok(()),
-        other => other,
-    }
-}
-
-/// After a command failed because the group is gone (a server restarted without its
-/// data, the group destroyed), creates it again at the start position.
-async fn recreate_if_gone(
-    shared: &Shared,
-    commands: &mut ConnectionManager,
-    e: &redis::RedisError,
-) {
-    if e.code() != Some("NOGROUP") {
-        return;
-    }
-    tracing::warn!(
-        stream = &*shared.stream,
-        group = &shared.group,
-        start = shared.start,
-        "the consumer group is gone (a server that lost its data?): creating it again"
-    );
-    if let Err(e) = create_group(commands, &shared.stream, &shared.group, shared.start).await {
-        tracing::debug!(stream = &*shared.stream, error = %e, "creating the group again failed");
-    }
-}
-
 /// Sleeps until `due`, or forever without one.
 async fn sleep_until_some(due: Option<Instant>) {
     match due {
         Some(due) => tokio::time::sleep_until(due).await,
         None => std::future::pending().await,
     }
-}
-
-/// The reader task: this consumer's own forgotten entries first, then new entries, with
-/// the keepalive and the claiming of idle entries in between.
-async fn read_loop(
-    shared: Arc<Shared>,
-    mut reader: ConnectionManager,
-    mut commands: ConnectionManager,
-    tx: mpsc::Sender<Result<Entry, SubscribeError>>,
-) {
-    let keep_every = (shared.claim_timeout / 3).max(Duration::from_millis(10));
-    let claim_every = (shared.claim_timeout / 2).max(Duration::from_millis(10));
-    let mut next_keepalive = Instant::now() + keep_every;
-    // A consumer joining looks for idle entries at once.
-    let mut next_claim = Instant::now();
-    // At start and after a failed read: entries pending for this consumer name that the
-    // service does not know (a previous life's, or read by a reply that was lost).
-    let mut recover = true;
-    loop {
-        if shared.closing.load(Ordering::Relaxed) {
-            return;
-        }
-        if recover {
-            if let Ok(id) = redis::cmd("CLIENT")
-                .arg("ID")
-                .query_async::<i64>(&mut reader)
-                .await
-            {
-                shared.reader_id.store(id, Ordering::Relaxed);
-            }
-            match claim(&shared, &mut commands, None).await {
-                Ok(found) => {
-                    recover = false;
-                    succeeded(&shared);
-                    if !send_all(&tx, found).await {
-                        return;
-                    }
-                }
-                Err(e) => {
-                    recreate_if_gone(&shared, &mut commands, &e).await;
-                    if !failed(
-                        &shared,
-                        &tx,
-                        shared.error("claiming this consumer's pending entries", &e),
-                    )
-                    .await
-                    {
-                        return;
-                    }
-                    continue;
-                }
-            }
-        }
-        let now = Instant::now();
-        if now >= next_keepalive {
-            if let Err(e) = keepalive(&shared, &mut commands).await {
-                tracing::debug!(stream = &*shared.stream, error = %e, "keepalive failed");
-            }
-            next_keepalive = now + keep_every;
-        }
-        if now >= next_claim {
-            match claim(&shared, &mut commands, Some(shared.claim_timeout)).await {
-                Ok(found) => {
-                    if !send_all(&tx, found).await {
-                        return;
-                    }
-                }
-                Err(e) => {
-                    tracing::debug!(stream = &*shared.stream, error = %e, "claiming idle entries failed");
-                }
-            }
-            next_claim = now + claim_every;
-        }
-        let Ok(permits) = tx.reserve_many(shared.batch).await else {
-            return;
-        };
-        if shared.closing.load(Ordering::Relaxed) {
-            return;
-        }
-        let block = next_keepalive
-            .min(next_claim)
-            .saturating_duration_since(Instant::now())
-            .clamp(Duration::from_millis(1), LONGEST_BLOCK);
-        let read = redis::cmd("XREADGROUP")
-            .arg("GROUP")
-            .arg(&shared.group)
-            .arg(&shared.consumer)
-            .arg("COUNT")
-            .arg(shared.batch)
-            .arg("BLOCK")
-            .arg(u64::try_from(block.as_millis()).unwrap_or(u64::MAX))
-            .arg("STREAMS")
-            .arg(&*shared.stream)
-            .arg(">")
-            .query_async::<redis::Value>(&mut reader)
-            .await;
-        match read {
-            Ok(value) => {
-                succeeded(&shared);
-                let read = read_reply(value);
-                shared.known().extend(read.iter().map(|entry| entry.id));
-                for (permit, entry) in permits.zip(read) {
-                    permit.send(Ok(entry));
-                }
-            }
-            Err(e) => {
-                drop(permits);
-                recover = true;
-                recreate_if_gone(&shared, &mut commands, &e).await;
-                if !failed(&shared, &tx, shared.error("reading the group", &e)).await {
-                    return;
-                }
-            }
-        }
-    }
-}
-
-/// A failed command: readiness says so, the first failure of a run is logged at ERROR
-/// (the rest at DEBUG, until a command goes through), then a pause. The driver is not
-/// told: it would count the registration failed until a delivery arrives, where the
-/// link probe follows the reads themselves. False once nobody reads.
-async fn failed(
-    shared: &Shared,
-    tx: &mpsc::Sender<Result<Entry, SubscribeError>>,
-    error: SubscribeError,
-) -> bool {
-    if shared.up.swap(false, Ordering::Relaxed) {
-        tracing::error!(%error, "Redis refused or is unreachable; trying again");
-    } else {
-        tracing::debug!(%error, "still failing; trying again");
-    }
-    tokio::time::sleep(PAUSE).await;
-    !tx.is_closed()
-}
-
-/// A command went through: readiness says so, and a recovery is logged.
-fn succeeded(shared: &Shared) {
-    if !shared.up.swap(true, Ordering::Relaxed) {
-        tracing::info!(stream = &*shared.stream, "reading the group again");
-    }
-}
-
-async fn send_all(tx: &mpsc::Sender<Result<Entry, SubscribeError>>, found: Vec<Entry>) -> bool {
-    for entry in found {
-        if tx.send(Ok(entry)).await.is_err() {
-            return false;
-        }
-    }
-    true
-}
-
-/// Claims pending entries this service does not know: with `idle`, those of any consumer
-/// idle at least that long; without, this consumer's own. Each is counted by Redis.
-async fn claim(
-    shared: &Shared,
-    commands: &mut ConnectionManager,
-    idle: Option<Duration>,
-) -> Result<Vec<Entry>, redis::RedisError> {
-    let idle_ms = idle.map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-    let mut query = redis::cmd("XPENDING");
-    query.arg(&*shared.stream).arg(&shared.group);
-    if idle.is_some() {
-        query.arg("IDLE").arg(idle_ms);
-    }
-    query.arg("-").arg("+").arg(CHUNK);
-    if idle.is_none() {
-        query.arg(&shared.consumer);
-    }
-    let rows = pending(query.query_async::<redis::Value>(commands).await?);
-    let counts: HashMap<EntryId, u32> = {
-        let known = shared.known();
-        rows.into_iter()
-            .filter(|(id, _)| !known.contains(id))
-            .collect()
-    };
-    if counts.is_empty() {
-        return Ok(Vec::new());
-    }
-    let mut command = redis::cmd("XCLAIM");
-    command
-        .arg(&*shared.stream)
-        .arg(&shared.group)
-        .arg(&shared.consumer)
-        .arg(idle_ms);
-    for id in counts.keys() {
-        command.arg(*id);
-    }
-    let mut found = entries(command.query_async::<redis::Value>(commands).await?, |id| {
-        counts.get(&id).map_or(1, |count| count.saturating_add(1))
-    });
-    found.sort_by_key(|entry| entry.id);
-    if !found.is_empty() {
-        tracing::info!(
-            stream = &*shared.stream,
-            claimed = found.len(),
-            "claimed pending entries {}",
-            if idle.is_some() {
-                "other consumers left idle"
-            } else {
-                "of this consumer"
-            }
-        );
-    }
-    shared.known().extend(found.iter().map(|entry| entry.id));
-    Ok(found)
-}
-
-/// Resets the idle time of every entry live in this service (`XCLAIM … JUSTID`, which
-/// counts nothing), so no other consumer claims them.
-async fn keepalive(
-    shared: &Shared,
-    commands: &mut ConnectionManager,
-) -> Result<(), redis::RedisError> {
-    let live: Vec<EntryId> = shared.known().iter().copied().collect();
-    for chunk in live.chunks(CHUNK) {
-        let mut command = redis::cmd("XCLAIM");
-        command
-            .arg(&*shared.stream)
-            .arg(&shared.group)
-            .arg(&shared.consumer)
-            .arg(0);
-        for id in chunk {
-            command.arg(*id);
-        }
-        command
-            .arg("JUSTID")
-            .query_async::<redis::Value>(commands)
-            .await?;
-    }
-    Ok(())
 }

@@ -87,6 +87,31 @@ impl FetchErrors {
     }
 }
 
+/// Whether there is room to fetch. At the bound nothing more is fetched until deliveries
+/// settle (G5): running, queued, waiting for a delayed copy, or held by the subscription
+/// itself. The subscription then only keeps up what it must (an EOS window's commit).
+#[inline(always)]
+fn fetch_room<Sub: Subscription, S>(
+    subscription: &Sub,
+    shared: &Shared<S>,
+    at_bound: &mut bool,
+) -> bool {
+    let room = shared.in_flight.count() + subscription.holding() < shared.max_in_flight;
+    if room == *at_bound {
+        *at_bound = !room;
+        note_bound(shared, *at_bound);
+    }
+    room
+}
+
+/// The subscription ended by itself (not by a stop).
+fn note_ended<S>(shared: &Shared<S>) {
+    tracing::warn!(
+        registration = &*shared.registration,
+        "the subscription ended: this registration receives nothing more"
+    );
+}
+
 /// Fetching paused at `max_in_flight` (G5), or resumed.
 fn note_bound<S>(shared: &Shared<S>, at_bound: bool) {
     tracing::debug!(
@@ -143,14 +168,7 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
     let mut at_bound = false;
     let mut fetch_errors = FetchErrors::default();
     loop {
-        // At the bound nothing more is fetched until deliveries settle (G5): running,
-        // queued, waiting for a delayed copy, or held by the subscription itself. The
-        // subscription then only keeps up what it must (an EOS window's commit).
-        let room = shared.in_flight.count() + subscription.holding() < shared.max_in_flight;
-        if room == at_bound {
-            at_bound = !room;
-            note_bound(&shared, at_bound);
-        }
+        let room = fetch_room(&subscription, &shared, &mut at_bound);
         // The common case is a straight line: a lane done, settled; a delivery fetched,
         // started on its lane; no select, no queue shared with anyone.
         let waiting = pending.is_some();
@@ -172,13 +190,7 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
         };
         match event {
             Event::Finished(done) => {
-                // The lane it waited for may have room now.
-                if let Some((lane, _)) = &pending
-                    && set.has_room(*lane)
-                    && let Some((lane, job)) = pending.take()
-                {
-                    set.push(lane, job);
-                }
+                set.start_waiting(&mut pending);
                 apply(&mut subscription, &shared, done, &mut timers).await;
             }
             Event::Timer(done) => {
@@ -195,10 +207,7 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
                 tokio::time::sleep(ERROR_PAUSE).await;
             }
             Event::Ended => {
-                tracing::warn!(
-                    registration = &*shared.registration,
-                    "the subscription ended: this registration receives nothing more"
-                );
+                note_ended(&shared);
                 break;
             }
         }

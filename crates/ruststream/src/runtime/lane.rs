@@ -149,27 +149,7 @@ fn failure_verdict<S>(
             Verdict::Outcome(HandlerOutcome::retry())
         }
         Completion::Panicked(message) => {
-            let (location, backtrace) = match report.map(|r| *r) {
-                Some(r) => (r.location, r.backtrace),
-                None => ("unknown".to_owned(), None),
-            };
-            let location = location.as_str();
-            match backtrace {
-                // Once per message: its first attempt (G2).
-                Some(backtrace) if attempt == 1 => tracing::error!(
-                    registration, address, attempt, panic = %message, location,
-                    backtrace = %format_args!("\n{backtrace}"),
-                    "handler panicked; retrying"
-                ),
-                _ if loud => tracing::error!(
-                    registration, address, attempt, panic = %message, location,
-                    "handler panicked; retrying"
-                ),
-                _ => tracing::debug!(
-                    registration, address, attempt, panic = %message, location,
-                    "handler panicked; retrying"
-                ),
-            }
+            report_panic(registration, address, attempt, loud, message, report);
             Verdict::Outcome(HandlerOutcome::retry())
         }
         Completion::TimedOut(deadline) => {
@@ -205,6 +185,38 @@ fn failure_verdict<S>(
             tracing::error!(registration, address, attempt, error = %rejection, "undecodable delivery {fate}");
             verdict
         }
+    }
+}
+
+/// A handler panicked: where, and (once per message, its first attempt: G2) the
+/// backtrace.
+fn report_panic(
+    registration: &str,
+    address: &str,
+    attempt: u32,
+    loud: bool,
+    message: &str,
+    report: Option<Box<super::unwind::Report>>,
+) {
+    let (location, backtrace) = match report.map(|r| *r) {
+        Some(r) => (r.location, r.backtrace),
+        None => ("unknown".to_owned(), None),
+    };
+    let location = location.as_str();
+    match backtrace {
+        Some(backtrace) if attempt == 1 => tracing::error!(
+            registration, address, attempt, panic = %message, location,
+            backtrace = %format_args!("\n{backtrace}"),
+            "handler panicked; retrying"
+        ),
+        _ if loud => tracing::error!(
+            registration, address, attempt, panic = %message, location,
+            "handler panicked; retrying"
+        ),
+        _ => tracing::debug!(
+            registration, address, attempt, panic = %message, location,
+            "handler panicked; retrying"
+        ),
     }
 }
 

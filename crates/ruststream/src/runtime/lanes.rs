@@ -95,8 +95,19 @@ where
         }
     }
 
+    /// A lane finished: the delivery waiting for its lane is queued if that lane has
+    /// room now.
+    pub(crate) fn start_waiting(&mut self, waiting: &mut Option<(usize, Job<R>)>) {
+        if let Some((lane, _)) = waiting
+            && self.has_room(*lane)
+            && let Some((lane, job)) = waiting.take()
+        {
+            self.push(lane, job);
+        }
+    }
+
     /// Whether `lane` would take a job now.
-    pub(crate) fn has_room(&self, lane: usize) -> bool {
+    fn has_room(&self, lane: usize) -> bool {
         self.running[lane].is_none() || self.queues[lane].len() < LANE_QUEUE
     }
 
