@@ -105,6 +105,7 @@ fn fetch_room<Sub: Subscription, S>(
 }
 
 /// The subscription ended by itself (not by a stop).
+#[cold]
 fn note_ended<S>(shared: &Shared<S>) {
     tracing::warn!(
         registration = &*shared.registration,

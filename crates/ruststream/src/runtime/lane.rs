@@ -190,6 +190,7 @@ fn failure_verdict<S>(
 
 /// A handler panicked: where, and (once per message, its first attempt: G2) the
 /// backtrace.
+#[cold]
 fn report_panic(
     registration: &str,
     address: &str,

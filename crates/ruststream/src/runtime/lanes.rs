@@ -97,6 +97,7 @@ where
 
     /// A lane finished: the delivery waiting for its lane is queued if that lane has
     /// room now.
+    #[inline(always)]
     pub(crate) fn start_waiting(&mut self, waiting: &mut Option<(usize, Job<R>)>) {
         if let Some((lane, _)) = waiting
             && self.has_room(*lane)
