@@ -1,7 +1,7 @@
 //! JetStream: a durable pull consumer whose deliveries the server settles (SPEC N1, N4-N7).
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use async_nats::jetstream::AckKind;

@@ -24,11 +24,13 @@ use tokio::time::{Instant, Sleep};
 use crate::link::Link;
 use crate::publish::{from_table, number};
 
-/// What settles one delivery: lapin's acker for it, which refuses (rather than sends a
-/// stale tag on a new channel) once the channel it came on was lost.
-#[derive(Debug, Clone)]
+/// What settles one delivery: its tag on the channel it came on. Settled on that
+/// channel's own `basic.ack`/`nack`/`reject` (one hop to lapin's I/O loop, where the
+/// delivery's `Acker` takes two: its internal RPC queue first, which halved the rate);
+/// refused, rather than sent as a stale tag on a new channel, once that channel was lost.
+#[derive(Debug, Clone, Copy)]
 pub struct RabbitReceipt {
-    acker: lapin::Acker,
+    tag: u64,
     /// Which session (channel) it came on.
     session: u64,
 }
@@ -127,7 +129,7 @@ impl RabbitSubscription {
         (
             delivery,
             RabbitReceipt {
-                acker: message.acker,
+                tag: message.delivery_tag,
                 session: self.sessions,
             },
         )
@@ -158,8 +160,7 @@ impl Subscription for RabbitSubscription {
                 && first.due <= Instant::now()
             {
                 // Popped once nacked: a `next` cut short leaves it held for the next call.
-                let receipt = first.item.clone();
-                let nacked = nack(&receipt).await;
+                let nacked = nack(&session.channel, first.item.tag).await;
                 self.held.pop();
                 if let Err(e) = nacked {
                     tracing::warn!(address = &*self.address, error = %e, "nack after retry_after failed");
@@ -195,56 +196,38 @@ impl Subscription for RabbitSubscription {
         if matches!(settle, Settle::Nothing) {
             return Ok(());
         }
-        let live = receipt.session == self.sessions
-            && self
-                .session
-                .as_ref()
-                .is_some_and(|session| session.channel.status().connected());
-        if !live {
+        let Some(session) = self.session.as_ref().filter(|session| {
+            receipt.session == self.sessions && session.channel.status().connected()
+        }) else {
             // Its channel is gone: the broker gives the delivery back by itself.
             return Err(AckError::failed(
                 "the channel this delivery came on was lost; the broker delivers it again",
             ));
-        }
-        let settling = async {
-            match settle {
-                Settle::Nothing => Ok(()),
-                Settle::Ack => receipt
-                    .acker
-                    .ack(BasicAckOptions::default())
-                    .await
-                    .map(drop)
-                    .map_err(AckError::failed),
-                // To the queue's dead-letter exchange if it has one, else discarded (R1).
-                Settle::Drop => receipt
-                    .acker
-                    .reject(BasicRejectOptions { requeue: false })
-                    .await
-                    .map(drop)
-                    .map_err(AckError::failed),
-                Settle::Redeliver => nack(&receipt).await,
-                Settle::RedeliverAfter(delay) => {
-                    // Held unacknowledged here; `next` nacks it once due. A crash gives it
-                    // back at once (the channel closes), a stop likewise: the wait is lost,
-                    // not the message (R4).
-                    self.held.push(Reverse(Due {
-                        due: Instant::now() + delay,
-                        item: receipt.clone(),
-                    }));
-                    Ok(())
-                }
-                Settle::DeadLetter => Err(AckError::Unsupported {
-                    verb: "dead letter",
-                }),
-            }
         };
-        tokio::time::timeout(SETTLE_TIMEOUT, settling)
-            .await
-            .unwrap_or_else(|_| {
-                Err(AckError::failed(format!(
-                    "no answer from RabbitMQ within {SETTLE_TIMEOUT:?}"
-                )))
-            })
+        let channel = &session.channel;
+        let tag = receipt.tag;
+        match settle {
+            Settle::Nothing => Ok(()),
+            Settle::Ack => bounded(channel.basic_ack(tag, BasicAckOptions::default())).await,
+            // To the queue's dead-letter exchange if it has one, else discarded (R1).
+            Settle::Drop => {
+                bounded(channel.basic_reject(tag, BasicRejectOptions { requeue: false })).await
+            }
+            Settle::Redeliver => nack(channel, tag).await,
+            Settle::RedeliverAfter(delay) => {
+                // Held unacknowledged here; `next` nacks it once due. A crash gives it
+                // back at once (the channel closes), a stop likewise: the wait is lost,
+                // not the message (R4).
+                self.held.push(Reverse(Due {
+                    due: Instant::now() + delay,
+                    item: receipt,
+                }));
+                Ok(())
+            }
+            Settle::DeadLetter => Err(AckError::Unsupported {
+                verb: "dead letter",
+            }),
+        }
     }
 
     fn holding(&self) -> usize {
@@ -258,13 +241,18 @@ impl Subscription for RabbitSubscription {
             return std::future::pending().await;
         };
         tokio::time::sleep_until(due).await;
-        if let Some(Reverse(first)) = self.held.peek() {
-            let receipt = first.item.clone();
-            let nacked = nack(&receipt).await;
-            self.held.pop();
-            if let Err(e) = nacked {
-                tracing::warn!(address = &*self.address, error = %e, "nack after retry_after failed");
-            }
+        let Some(Reverse(first)) = self.held.peek() else {
+            return;
+        };
+        // Held waits are cleared with a lost session: these belong to the current one.
+        let nacked = match &self.session {
+            Some(session) => nack(&session.channel, first.item.tag).await,
+            None => Ok(()),
+        };
+        // Popped once nacked: an `idle` cut short leaves it held for the next call.
+        self.held.pop();
+        if let Err(e) = nacked {
+            tracing::warn!(address = &*self.address, error = %e, "nack after retry_after failed");
         }
     }
 
@@ -335,13 +323,20 @@ impl Session {
     }
 }
 
-async fn nack(receipt: &RabbitReceipt) -> Result<(), AckError> {
-    let nacking = receipt.acker.nack(BasicNackOptions {
+/// `basic.nack(requeue=true)`: back to the queue at once.
+async fn nack(channel: &Channel, tag: u64) -> Result<(), AckError> {
+    let options = BasicNackOptions {
         multiple: false,
         requeue: true,
-    });
-    match tokio::time::timeout(SETTLE_TIMEOUT, nacking).await {
-        Ok(nacked) => nacked.map(drop).map_err(AckError::failed),
+    };
+    bounded(channel.basic_nack(tag, options)).await
+}
+
+/// A settlement bounded in time: lapin can wait forever on a channel whose connection
+/// died.
+async fn bounded(settling: impl Future<Output = lapin::Result<()>>) -> Result<(), AckError> {
+    match tokio::time::timeout(SETTLE_TIMEOUT, settling).await {
+        Ok(settled) => settled.map_err(AckError::failed),
         Err(_) => Err(AckError::failed(format!(
             "no answer from RabbitMQ within {SETTLE_TIMEOUT:?}"
         ))),
