@@ -112,6 +112,54 @@ async fn g5_held_retry_after_waits_stop_fetching_at_max_in_flight() {
     );
 }
 
+/// The bound filled by held waits alone: the driver stops calling `next`, and the waits
+/// must still come due (in `idle`), or the registration would stop for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g5_held_retry_after_waits_come_due_at_max_in_flight() {
+    let pulsar = pulsar().await;
+    let topic = unique("g5-due");
+    for n in 0..20 {
+        send(&pulsar, &topic, &format!("m{n}")).await;
+    }
+    let seen = Arc::new(std::sync::Mutex::new(std::collections::HashSet::new()));
+    let first_seen = Arc::clone(&seen);
+    let script = Script::new(move |d| {
+        if first_seen.lock().unwrap().insert(d.payload().to_vec()) {
+            HandlerOutcome::retry_after(Duration::from_millis(300))
+        } else {
+            HandlerOutcome::ack()
+        }
+    });
+    let app = App::new()
+        .register(
+            on(
+                pulsar.topic(&topic).subscription("due"),
+                handler(Arc::clone(&script)),
+            )
+            .max_in_flight(5),
+        )
+        .start()
+        .await
+        .expect("start");
+    eventually(
+        Duration::from_secs(30),
+        "every message back once and acked",
+        || script.count() >= 40,
+    )
+    .await;
+    app.stop().await;
+    let mut handled: Vec<Vec<u8>> = script.calls().iter().map(|c| c.payload.to_vec()).collect();
+    handled.sort();
+    let mut expected: Vec<Vec<u8>> = (0..20)
+        .flat_map(|n| [format!("m{n}").into_bytes(), format!("m{n}").into_bytes()])
+        .collect();
+    expected.sort();
+    assert_eq!(
+        handled, expected,
+        "each message handled twice: held, then acked"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn g7_a_waiting_start_warns_once_per_interval_and_connects_when_the_broker_comes() {
     let _ = pulsar().await; // captures logs
