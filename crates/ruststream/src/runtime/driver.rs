@@ -11,12 +11,13 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use ruststream_core::{Delivery, Settle, SubscribeError, Subscription};
+use ruststream_core::{AckError, Delivery, Settle, SubscribeError, Subscription};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep_until};
 
 use super::lanes::{Finished, Lanes as LaneSet};
+use super::quiet::ErrorRun;
 use super::shared::{Done, Job, Shared};
 use super::{copy, lane};
 use crate::middleware::Service;
@@ -25,16 +26,6 @@ use crate::registration::LaneKey;
 
 /// After a subscription error, wait this long before fetching again.
 const ERROR_PAUSE: Duration = Duration::from_millis(200);
-
-/// Fetch errors in a row are logged at ERROR at most this often (the rest at DEBUG).
-const ERROR_LOG_EVERY: Duration = Duration::from_secs(60);
-
-/// When a fetch error was last logged at ERROR, and how many were not since.
-#[derive(Default)]
-struct FetchErrors {
-    last: Option<Instant>,
-    quiet: u64,
-}
 
 /// How long a stop may take: the drain, then closing the subscription (SPEC G6).
 #[derive(Debug, Clone, Copy)]
@@ -54,36 +45,39 @@ enum Timers {
     Stopping,
 }
 
-impl FetchErrors {
-    /// A fetch failed: readiness and metrics say so. While a broker is down this repeats
-    /// every pause: one ERROR, then at most one a minute with how many were left out.
-    fn failed<S>(&mut self, shared: &Shared<S>, error: &SubscribeError) {
-        shared.health.fetch_failed(true);
-        if let Some(metrics) = &shared.metrics {
-            metrics.fetch_errors.inc();
-        }
-        let now = Instant::now();
-        match self.last {
-            Some(at) if now.duration_since(at) < ERROR_LOG_EVERY => {
-                self.quiet += 1;
-                tracing::debug!(registration = &*shared.registration, %error, "fetching failed; trying again");
-            }
-            _ => {
-                tracing::error!(registration = &*shared.registration, %error, since_last_logged = self.quiet, "fetching failed; trying again");
-                *self = Self {
-                    last: Some(now),
-                    quiet: 0,
-                };
-            }
-        }
+/// A fetch failed: readiness and metrics say so. While a broker is down this repeats
+/// every pause: one ERROR, then at most one a minute with how many were left out.
+fn fetch_failed<S>(run: &mut ErrorRun, shared: &Shared<S>, error: &SubscribeError) {
+    shared.health.fetch_failed(true);
+    if let Some(metrics) = &shared.metrics {
+        metrics.fetch_errors.inc();
     }
-
-    /// A fetch succeeded: after failures, the next failure is news again.
-    fn recovered<S>(&mut self, shared: &Shared<S>) {
-        if self.last.is_some() {
-            *self = Self::default();
-            shared.health.fetch_failed(false);
+    let registration = &*shared.registration;
+    match run.failed() {
+        Some(quiet) => {
+            tracing::error!(registration, %error, since_last_logged = quiet, "fetching failed; trying again");
         }
+        None => tracing::debug!(registration, %error, "fetching failed; trying again"),
+    }
+}
+
+/// A settlement failed (its delivery comes back as the broker's rules say). During a
+/// broker restart every running delivery's settlement fails: one ERROR, then at most one
+/// a minute with how many were left out, until one goes through.
+#[cold]
+fn settle_failed<S>(run: &mut ErrorRun, shared: &Shared<S>, settle: Settle, error: &AckError) {
+    if let Some(metrics) = &shared.metrics {
+        metrics.settle_failed(match error {
+            AckError::Unsupported { .. } => SettleError::Unsupported,
+            _ => SettleError::Failed,
+        });
+    }
+    let registration = &*shared.registration;
+    match run.failed() {
+        Some(quiet) => {
+            tracing::error!(registration, ?settle, %error, since_last_logged = quiet, "settlement failed");
+        }
+        None => tracing::debug!(registration, ?settle, %error, "settlement failed"),
     }
 }
 
@@ -167,7 +161,8 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
     };
     let mut stop = StopSignal::new(stop);
     let mut at_bound = false;
-    let mut fetch_errors = FetchErrors::default();
+    let mut fetch_errors = ErrorRun::default();
+    let mut settle_errors = ErrorRun::default();
     loop {
         let room = fetch_room(&subscription, &shared, &mut at_bound);
         // The common case is a straight line: a lane done, settled; a delivery fetched,
@@ -192,19 +187,35 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
         match event {
             Event::Finished(done) => {
                 set.start_waiting(&mut pending);
-                apply(&mut subscription, &shared, done, &mut timers).await;
+                apply(
+                    &mut subscription,
+                    &shared,
+                    done,
+                    &mut timers,
+                    &mut settle_errors,
+                )
+                .await;
             }
             Event::Timer(done) => {
-                apply(&mut subscription, &shared, done, &mut timers).await;
+                apply(
+                    &mut subscription,
+                    &shared,
+                    done,
+                    &mut timers,
+                    &mut settle_errors,
+                )
+                .await;
             }
             Event::Stop => break,
             Event::Idle => {}
             Event::Fetched(job) => {
-                fetch_errors.recovered(&shared);
+                if fetch_errors.succeeded() {
+                    shared.health.fetch_failed(false);
+                }
                 pending = accept(&shared, &mut set, &mut picker, job);
             }
             Event::FetchFailed(error) => {
-                fetch_errors.failed(&shared, &error);
+                fetch_failed(&mut fetch_errors, &shared, &error);
                 tokio::time::sleep(ERROR_PAUSE).await;
             }
             Event::Ended => {
@@ -367,6 +378,7 @@ async fn drain_and_close<Sub, S, F, St>(
         set.push(lane, job);
     }
     let _ = timers.tx.send(Timers::Stopping);
+    let mut settle_errors = ErrorRun::default();
     while !set.is_idle() || !timers.set.is_empty() {
         let done = poll_fn(|cx| {
             if let Poll::Ready(done) = set.poll_finished(cx) {
@@ -384,7 +396,16 @@ async fn drain_and_close<Sub, S, F, St>(
         })
         .await;
         match done {
-            Some(done) => apply(&mut subscription, shared, done, &mut timers).await,
+            Some(done) => {
+                apply(
+                    &mut subscription,
+                    shared,
+                    done,
+                    &mut timers,
+                    &mut settle_errors,
+                )
+                .await
+            }
             None => {
                 tracing::warn!(
                     registration = &*shared.registration,
@@ -467,18 +488,16 @@ async fn apply<Sub: Subscription, S: Service>(
     shared: &Arc<Shared<S>>,
     done: Done<Sub::Receipt>,
     timers: &mut Timed<Sub::Receipt>,
+    settle_errors: &mut ErrorRun,
 ) {
     match done {
         Done::Settle { receipt, settle } => {
-            if settle != Settle::Nothing
-                && let Err(error) = subscription.settle(receipt, settle).await
-            {
-                tracing::error!(registration = &*shared.registration, ?settle, %error, "settlement failed");
-                if let Some(metrics) = &shared.metrics {
-                    metrics.settle_failed(match error {
-                        ruststream_core::AckError::Unsupported { .. } => SettleError::Unsupported,
-                        _ => SettleError::Failed,
-                    });
+            if settle != Settle::Nothing {
+                match subscription.settle(receipt, settle).await {
+                    Ok(()) => {
+                        settle_errors.succeeded();
+                    }
+                    Err(error) => settle_failed(settle_errors, shared, settle, &error),
                 }
             }
             shared.end();

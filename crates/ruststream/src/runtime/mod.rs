@@ -5,6 +5,7 @@ mod driver;
 mod lane;
 mod lanes;
 pub(crate) mod mount;
+mod quiet;
 mod refusals;
 mod shared;
 mod unwind;
