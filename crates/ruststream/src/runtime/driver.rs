@@ -184,45 +184,33 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
             });
             poll_fn(|cx| poll_event(cx, &mut set, &mut timers.set, &mut stop, fetch.as_mut())).await
         };
-        match event {
+        let done = match event {
             Event::Finished(done) => {
                 set.start_waiting(&mut pending);
-                apply(
-                    &mut subscription,
-                    &shared,
-                    done,
-                    &mut timers,
-                    &mut settle_errors,
-                )
-                .await;
+                done
             }
-            Event::Timer(done) => {
-                apply(
-                    &mut subscription,
-                    &shared,
-                    done,
-                    &mut timers,
-                    &mut settle_errors,
-                )
-                .await;
-            }
+            Event::Timer(done) => done,
             Event::Stop => break,
-            Event::Idle => {}
+            Event::Idle => continue,
             Event::Fetched(job) => {
                 if fetch_errors.succeeded() {
                     shared.health.fetch_failed(false);
                 }
                 pending = accept(&shared, &mut set, &mut picker, job);
+                continue;
             }
             Event::FetchFailed(error) => {
                 fetch_failed(&mut fetch_errors, &shared, &error);
                 tokio::time::sleep(ERROR_PAUSE).await;
+                continue;
             }
             Event::Ended => {
                 note_ended(&shared);
                 break;
             }
-        }
+        };
+        let errors = &mut settle_errors;
+        apply(&mut subscription, &shared, done, &mut timers, errors).await;
     }
 
     shared.health.ended();
