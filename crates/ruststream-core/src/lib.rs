@@ -50,7 +50,7 @@ pub use capabilities::{Capabilities, DeadLetters, DelayedRedelivery, Verb};
 pub use declaration::Declaration;
 pub use delivery::{Attempt, AttemptSource, Delivery, Metadata};
 pub use descriptor::{Backlog, BacklogProbe, Descriptor, LinkProbe, Subscription};
-pub use due::Due;
+pub use due::Held;
 pub use env::{Env, EnvError, FromEnvError};
 pub use error::{AckError, Cause, ConnectError, PublishError, PublishErrorKind, SubscribeError};
 pub use headers::{Headers, MalformedRetryCount, RETRY_COUNT_HEADER};

@@ -1,8 +1,6 @@
 //! An open Pulsar subscription: individual acks and nacks, held delayed redeliveries, and
 //! the attempt count kept per message id.
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -13,7 +11,7 @@ use pulsar::message::Payload;
 use pulsar::message::proto::MessageIdData;
 use ruststream_core::hash::SpreadMap;
 use ruststream_core::{
-    AckError, AddressNames, Attempt, Delivery, Due, Headers, Metadata, Settle, SubscribeError,
+    AckError, AddressNames, Attempt, Delivery, Headers, Held, Metadata, Settle, SubscribeError,
     Subscription,
 };
 use tokio::time::Instant;
@@ -55,7 +53,7 @@ pub struct PulsarSubscription {
     counts: bool,
     max_attempts: Option<u32>,
     attempts: SpreadMap<IdKey, u32>,
-    held: BinaryHeap<Reverse<Due<Instant, PulsarReceipt>>>,
+    held: Held<Instant, PulsarReceipt>,
     /// The held waits of a lost consumer, by message id: when each is due.
     waits: SpreadMap<IdKey, Instant>,
     topics: AddressNames,
@@ -85,7 +83,7 @@ impl PulsarSubscription {
             counts,
             max_attempts,
             attempts: SpreadMap::default(),
-            held: BinaryHeap::new(),
+            held: Held::new(),
             waits: SpreadMap::default(),
             topics: AddressNames::default(),
         }
@@ -147,8 +145,8 @@ impl PulsarSubscription {
         self.consumer = None;
         let now = Instant::now();
         self.waits.retain(|_, due| *due > now);
-        for Reverse(held) in self.held.drain() {
-            self.waits.insert(key(&held.item.id), held.due);
+        for (due, receipt) in self.held.drain() {
+            self.waits.insert(key(&receipt.id), due);
         }
     }
 
@@ -185,12 +183,10 @@ impl Subscription for PulsarSubscription {
     async fn next(&mut self) -> Option<Result<(Delivery, PulsarReceipt), SubscribeError>> {
         loop {
             // Held deliveries whose delay is over are nacked first, by this task (P1, P3).
-            if let Some(Reverse(first)) = self.held.peek()
-                && first.due <= Instant::now()
-            {
+            if let Some(first) = self.held.due_at(Instant::now()) {
                 // Popped only once the nack is done: a `next` cut short by the driver
                 // leaves it held, to be nacked on the next call.
-                let receipt = first.item.clone();
+                let receipt = first.clone();
                 let nacked = self.nack(receipt).await;
                 self.held.pop();
                 if let Err(e) = nacked {
@@ -198,7 +194,7 @@ impl Subscription for PulsarSubscription {
                 }
                 continue;
             }
-            let due = self.held.peek().map(|Reverse(h)| h.due);
+            let due = self.held.next_due();
             let consumer = match self.consumer().await {
                 Ok(consumer) => consumer,
                 // The driver logs it, pauses, and asks again.
@@ -227,10 +223,7 @@ impl Subscription for PulsarSubscription {
                 && due > Instant::now()
             {
                 // Held when the last connection died, and back before its delay is over.
-                self.held.push(Reverse(Due {
-                    due,
-                    item: PulsarReceipt { topic, id },
-                }));
+                self.held.hold(due, PulsarReceipt { topic, id });
                 continue;
             }
             let delivery = self.delivery(Arc::clone(&topic), &id, message.payload);
@@ -252,10 +245,7 @@ impl Subscription for PulsarSubscription {
             Settle::RedeliverAfter(delay) => {
                 // Held unacknowledged here; `next` nacks it when the delay is over. A stop
                 // before then loses the wait, not the message (P7).
-                self.held.push(Reverse(Due {
-                    due: Instant::now() + delay,
-                    item: receipt,
-                }));
+                self.held.hold(Instant::now() + delay, receipt);
                 Ok(())
             }
             Settle::DeadLetter => Err(AckError::Unsupported {
@@ -271,12 +261,12 @@ impl Subscription for PulsarSubscription {
     /// At `max_in_flight` the driver stops calling `next`: held waits that come due are
     /// nacked here, which frees room (G5); without it they would wait forever.
     async fn idle(&mut self) {
-        let Some(due) = self.held.peek().map(|Reverse(h)| h.due) else {
+        let Some(due) = self.held.next_due() else {
             return std::future::pending().await;
         };
         tokio::time::sleep_until(due).await;
-        if let Some(Reverse(first)) = self.held.peek() {
-            let receipt = first.item.clone();
+        if let Some(first) = self.held.due_at(Instant::now()) {
+            let receipt = first.clone();
             let nacked = self.nack(receipt).await;
             self.held.pop();
             if let Err(e) = nacked {

@@ -2,8 +2,6 @@
 //! acknowledgements, and (quorum queues) `retry_after` waits held until their nack.
 //! A lost channel or connection is opened again by the next `next` (see `link`).
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,7 +15,7 @@ use lapin::options::{
 use lapin::types::{FieldTable, ShortString};
 use lapin::{Channel, Consumer};
 use ruststream_core::{
-    AckError, Attempt, Delivery, Due, Metadata, Settle, SubscribeError, Subscription,
+    AckError, Attempt, Delivery, Held, Metadata, Settle, SubscribeError, Subscription,
 };
 use tokio::time::{Instant, Sleep};
 
@@ -44,7 +42,7 @@ pub struct RabbitSubscription {
     prefetch: u16,
     quorum: bool,
     /// Quorum queues: `retry_after` waits, nacked by `next` once due.
-    held: BinaryHeap<Reverse<Due<Instant, RabbitReceipt>>>,
+    held: Held<Instant, RabbitReceipt>,
     /// When `next` looks at the channel's state next.
     watchdog: Pin<Box<Sleep>>,
     /// How many sessions were opened: the current one's number.
@@ -91,7 +89,7 @@ impl RabbitSubscription {
             address: Arc::from(queue),
             prefetch,
             quorum,
-            held: BinaryHeap::new(),
+            held: Held::new(),
             watchdog: Box::pin(tokio::time::sleep(WATCHDOG_PERIOD)),
             sessions: 1,
         })
@@ -156,11 +154,9 @@ impl Subscription for RabbitSubscription {
                     ))),
                 };
             };
-            if let Some(Reverse(first)) = self.held.peek()
-                && first.due <= Instant::now()
-            {
+            if let Some(first) = self.held.due_at(Instant::now()) {
                 // Popped once nacked: a `next` cut short leaves it held for the next call.
-                let nacked = nack(&session.channel, first.item.tag).await;
+                let nacked = nack(&session.channel, first.tag).await;
                 self.held.pop();
                 if let Err(e) = nacked {
                     tracing::warn!(address = &*self.address, error = %e, "nack after retry_after failed");
@@ -177,7 +173,7 @@ impl Subscription for RabbitSubscription {
                     .as_mut()
                     .reset(Instant::now() + WATCHDOG_PERIOD);
             }
-            let due = self.held.peek().map(|Reverse(held)| held.due);
+            let due = self.held.next_due();
             let next = tokio::select! {
                 biased;
                 message = session.consumer.next() => message,
@@ -218,10 +214,7 @@ impl Subscription for RabbitSubscription {
                 // Held unacknowledged here; `next` nacks it once due. A crash gives it
                 // back at once (the channel closes), a stop likewise: the wait is lost,
                 // not the message (R4).
-                self.held.push(Reverse(Due {
-                    due: Instant::now() + delay,
-                    item: receipt,
-                }));
+                self.held.hold(Instant::now() + delay, receipt);
                 Ok(())
             }
             Settle::DeadLetter => Err(AckError::Unsupported {
@@ -237,16 +230,16 @@ impl Subscription for RabbitSubscription {
     /// At `max_in_flight` the driver stops calling `next`: held waits that come due are
     /// nacked here, which frees room (G5); without it they would wait forever.
     async fn idle(&mut self) {
-        let Some(due) = self.held.peek().map(|Reverse(held)| held.due) else {
+        let Some(due) = self.held.next_due() else {
             return std::future::pending().await;
         };
         tokio::time::sleep_until(due).await;
-        let Some(Reverse(first)) = self.held.peek() else {
+        let Some(first) = self.held.due_at(Instant::now()) else {
             return;
         };
         // Held waits are cleared with a lost session: these belong to the current one.
         let nacked = match &self.session {
-            Some(session) => nack(&session.channel, first.item.tag).await,
+            Some(session) => nack(&session.channel, first.tag).await,
             None => Ok(()),
         };
         // Popped once nacked: an `idle` cut short leaves it held for the next call.

@@ -7,15 +7,14 @@
 //! timeout, and keeps this service's live entries from being claimed (S5). Settlements
 //! go through the shared command connection.
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::aio::ConnectionManager;
 use ruststream_core::{
-    AckError, Attempt, Declaration, Delivery, Due, Metadata, Settle, SubscribeError, Subscription,
+    AckError, Attempt, Declaration, Delivery, Held, Metadata, Settle, SubscribeError, Subscription,
 };
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -59,7 +58,7 @@ pub struct RedisSubscription {
     /// waits for more and at a stop (S2).
     acks: Vec<EntryId>,
     /// `retry_after` waits: pending in Redis, claimed again once due.
-    held: BinaryHeap<Reverse<Due<Instant, RedisReceipt>>>,
+    held: Held<Instant, RedisReceipt>,
     reader: tokio::task::JoinHandle<()>,
     dead_letter: Option<Arc<str>>,
     script: redis::Script,
@@ -119,7 +118,7 @@ impl RedisSubscription {
             rx,
             ready: VecDeque::new(),
             acks: Vec::new(),
-            held: BinaryHeap::new(),
+            held: Held::new(),
             reader: tokio::spawn(reading),
             dead_letter: declaration.dead_letter.clone(),
             script: redis::Script::new(DEAD_LETTER),
@@ -216,11 +215,9 @@ impl Subscription for RedisSubscription {
             if let Some(entry) = self.ready.pop_front() {
                 return Some(Ok(self.delivery(entry)));
             }
-            if let Some(Reverse(first)) = self.held.peek()
-                && first.due <= Instant::now()
-            {
+            if let Some(first) = self.held.due_at(Instant::now()) {
                 // Popped once claimed: a `next` cut short leaves it held for the next call.
-                let receipt = first.item;
+                let receipt = *first;
                 let claimed = self.claim_again(receipt).await;
                 self.held.pop();
                 if let Err(e) = claimed {
@@ -244,7 +241,7 @@ impl Subscription for RedisSubscription {
             if let Some(read) = next {
                 return Some(read.map(|entry| self.delivery(entry)));
             }
-            let due = self.held.peek().map(|Reverse(held)| held.due);
+            let due = self.held.next_due();
             return tokio::select! {
                 biased;
                 read = self.rx.recv() => match read? {
@@ -276,10 +273,7 @@ impl Subscription for RedisSubscription {
             Settle::Redeliver => self.claim_again(receipt).await,
             Settle::RedeliverAfter(delay) => {
                 // Pending in Redis and kept alive meanwhile; a crash loses the wait only.
-                self.held.push(Reverse(Due {
-                    due: Instant::now() + delay,
-                    item: receipt,
-                }));
+                self.held.hold(Instant::now() + delay, receipt);
                 Ok(())
             }
             Settle::DeadLetter => {
@@ -313,12 +307,12 @@ impl Subscription for RedisSubscription {
     /// without it they would wait forever.
     async fn idle(&mut self) {
         self.flush_acks().await;
-        let Some(due) = self.held.peek().map(|Reverse(held)| held.due) else {
+        let Some(due) = self.held.next_due() else {
             return std::future::pending().await;
         };
         tokio::time::sleep_until(due).await;
-        if let Some(Reverse(first)) = self.held.peek() {
-            let receipt = first.item;
+        if let Some(first) = self.held.due_at(Instant::now()) {
+            let receipt = *first;
             let claimed = self.claim_again(receipt).await;
             self.held.pop();
             if let Err(e) = claimed {
@@ -370,7 +364,7 @@ impl Subscription for RedisSubscription {
         give_back.extend(
             self.held
                 .drain()
-                .map(|Reverse(held)| (held.item.id, held.item.attempt)),
+                .map(|(_, receipt)| (receipt.id, receipt.attempt)),
         );
         let idle = u64::try_from(self.shared.claim_timeout.as_millis()).unwrap_or(u64::MAX);
         for (id, count) in give_back {
