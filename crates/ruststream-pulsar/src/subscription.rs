@@ -150,6 +150,21 @@ impl PulsarSubscription {
         }
     }
 
+    /// Nacks the earliest held wait if it is due; whether one was. Popped only once the
+    /// nack is done: a call cut short by the driver leaves it held, for the next call.
+    async fn nack_due(&mut self) -> bool {
+        let Some(first) = self.held.due_at(Instant::now()) else {
+            return false;
+        };
+        let receipt = first.clone();
+        let nacked = self.nack(receipt).await;
+        self.held.pop();
+        if let Err(e) = nacked {
+            tracing::warn!(address = &*self.address, error = %e, "nack after retry_after failed");
+        }
+        true
+    }
+
     /// The current consumer, for a settlement. None after the connection was lost: the
     /// settlement fails at once (the broker delivers the message again) rather than
     /// waiting for a new subscription, which only `next` makes, where a stop can cut it.
@@ -183,15 +198,7 @@ impl Subscription for PulsarSubscription {
     async fn next(&mut self) -> Option<Result<(Delivery, PulsarReceipt), SubscribeError>> {
         loop {
             // Held deliveries whose delay is over are nacked first, by this task (P1, P3).
-            if let Some(first) = self.held.due_at(Instant::now()) {
-                // Popped only once the nack is done: a `next` cut short by the driver
-                // leaves it held, to be nacked on the next call.
-                let receipt = first.clone();
-                let nacked = self.nack(receipt).await;
-                self.held.pop();
-                if let Err(e) = nacked {
-                    tracing::warn!(address = &*self.address, error = %e, "nack after retry_after failed");
-                }
+            if self.nack_due().await {
                 continue;
             }
             let due = self.held.next_due();
@@ -265,14 +272,7 @@ impl Subscription for PulsarSubscription {
             return std::future::pending().await;
         };
         tokio::time::sleep_until(due).await;
-        if let Some(first) = self.held.due_at(Instant::now()) {
-            let receipt = first.clone();
-            let nacked = self.nack(receipt).await;
-            self.held.pop();
-            if let Err(e) = nacked {
-                tracing::warn!(address = &*self.address, error = %e, "nack after retry_after failed");
-            }
-        }
+        self.nack_due().await;
     }
 
     async fn close(self) {

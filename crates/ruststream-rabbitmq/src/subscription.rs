@@ -106,6 +106,24 @@ impl RabbitSubscription {
         )
     }
 
+    /// Nacks the earliest held wait if it is due; whether one was. Popped once nacked: a
+    /// call cut short leaves it held for the next call. Held waits are cleared with a
+    /// lost session, so these belong to the current one.
+    async fn nack_due(&mut self) -> bool {
+        let Some(first) = self.held.due_at(Instant::now()) else {
+            return false;
+        };
+        let nacked = match &self.session {
+            Some(session) => nack(&session.channel, first.tag).await,
+            None => Ok(()),
+        };
+        self.held.pop();
+        if let Err(e) = nacked {
+            tracing::warn!(address = &*self.address, error = %e, "nack after retry_after failed");
+        }
+        true
+    }
+
     fn delivery(&self, message: lapin::message::Delivery) -> (Delivery, RabbitReceipt) {
         let table = message.properties.headers().as_ref();
         let headers = from_table(table);
@@ -139,6 +157,9 @@ impl Subscription for RabbitSubscription {
 
     async fn next(&mut self) -> Option<Result<(Delivery, RabbitReceipt), SubscribeError>> {
         loop {
+            if self.nack_due().await {
+                continue;
+            }
             let Some(session) = &mut self.session else {
                 // Lost earlier: the runtime paused after that error; try again now.
                 return match Session::open(&self.link, &self.address, self.prefetch).await {
@@ -154,15 +175,6 @@ impl Subscription for RabbitSubscription {
                     ))),
                 };
             };
-            if let Some(first) = self.held.due_at(Instant::now()) {
-                // Popped once nacked: a `next` cut short leaves it held for the next call.
-                let nacked = nack(&session.channel, first.tag).await;
-                self.held.pop();
-                if let Err(e) = nacked {
-                    tracing::warn!(address = &*self.address, error = %e, "nack after retry_after failed");
-                }
-                continue;
-            }
             // The consumer's stream does not always end when the connection is lost (seen
             // once in a few restarts under load): the channel's state is looked at too.
             if self.watchdog.is_elapsed() {
@@ -234,19 +246,7 @@ impl Subscription for RabbitSubscription {
             return std::future::pending().await;
         };
         tokio::time::sleep_until(due).await;
-        let Some(first) = self.held.due_at(Instant::now()) else {
-            return;
-        };
-        // Held waits are cleared with a lost session: these belong to the current one.
-        let nacked = match &self.session {
-            Some(session) => nack(&session.channel, first.tag).await,
-            None => Ok(()),
-        };
-        // Popped once nacked: an `idle` cut short leaves it held for the next call.
-        self.held.pop();
-        if let Err(e) = nacked {
-            tracing::warn!(address = &*self.address, error = %e, "nack after retry_after failed");
-        }
+        self.nack_due().await;
     }
 
     fn link(&self) -> Option<ruststream_core::LinkProbe> {

@@ -146,6 +146,20 @@ impl RedisSubscription {
         (delivery, receipt)
     }
 
+    /// Claims the earliest held wait again if it is due (`None` when none is). Popped once
+    /// claimed: a call cut short leaves it held for the next call.
+    async fn claim_due(&mut self) -> Option<Result<(), SubscribeError>> {
+        let receipt = *self.held.due_at(Instant::now())?;
+        let claimed = self.claim_again(receipt).await;
+        self.held.pop();
+        Some(claimed.map_err(|e| {
+            SubscribeError::new(
+                &*self.shared.stream,
+                format!("claiming {} after retry_after: {e}", receipt.id),
+            )
+        }))
+    }
+
     /// Claims `receipt`'s entry to this consumer now (counted by Redis) and queues it to be
     /// delivered next; an entry gone from the stream is forgotten.
     async fn claim_again(&mut self, receipt: RedisReceipt) -> Result<(), AckError> {
@@ -215,18 +229,10 @@ impl Subscription for RedisSubscription {
             if let Some(entry) = self.ready.pop_front() {
                 return Some(Ok(self.delivery(entry)));
             }
-            if let Some(first) = self.held.due_at(Instant::now()) {
-                // Popped once claimed: a `next` cut short leaves it held for the next call.
-                let receipt = *first;
-                let claimed = self.claim_again(receipt).await;
-                self.held.pop();
-                if let Err(e) = claimed {
-                    return Some(Err(SubscribeError::new(
-                        &*self.shared.stream,
-                        format!("claiming {} after retry_after: {e}", receipt.id),
-                    )));
-                }
-                continue;
+            match self.claim_due().await {
+                Some(Ok(())) => continue,
+                Some(Err(e)) => return Some(Err(e)),
+                None => {}
             }
             // An entry read already goes out at once; before waiting for more, the
             // acknowledgements so far are sent, as one XACK.
@@ -311,13 +317,8 @@ impl Subscription for RedisSubscription {
             return std::future::pending().await;
         };
         tokio::time::sleep_until(due).await;
-        if let Some(first) = self.held.due_at(Instant::now()) {
-            let receipt = *first;
-            let claimed = self.claim_again(receipt).await;
-            self.held.pop();
-            if let Err(e) = claimed {
-                tracing::warn!(stream = &*self.shared.stream, entry = %receipt.id, error = %e, "claiming after retry_after failed");
-            }
+        if let Some(Err(e)) = self.claim_due().await {
+            tracing::warn!(error = %e, "retry_after wait not claimed: claimed after the claim timeout instead");
         }
     }
 
