@@ -196,8 +196,16 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
                 if fetch_errors.succeeded() {
                     shared.health.fetch_failed(false);
                 }
-                pending = accept(&shared, &mut set, &mut picker, job);
-                continue;
+                let lane;
+                (lane, pending) = accept(&shared, &mut set, &mut picker, job);
+                // Most handlers finish in their first poll: settled in this same pass.
+                match poll_fn(|cx| Poll::Ready(set.poll_lane(lane, cx))).await {
+                    Poll::Ready(done) => {
+                        set.start_waiting(&mut pending);
+                        done
+                    }
+                    Poll::Pending => continue,
+                }
             }
             Event::FetchFailed(error) => {
                 fetch_failed(&mut fetch_errors, &shared, &error);
@@ -435,14 +443,14 @@ struct Picker {
     round_robin: usize,
 }
 
-/// A fetched delivery, counted in flight and offered to its lane: a lane with room takes
-/// it at once; a full one is waited for (handed back, to be kept pending).
+/// A fetched delivery, counted in flight and offered to its lane (returned): a lane with
+/// room takes it at once; a full one is waited for (handed back, to be kept pending).
 fn accept<S, R, F, St>(
     shared: &Shared<S>,
     set: &mut LaneSet<R, F, St>,
     picker: &mut Picker,
     job: Job<R>,
-) -> Option<(usize, Job<R>)>
+) -> (usize, Option<(usize, Job<R>)>)
 where
     F: Future<Output = Finished<R>>,
     St: Fn(Job<R>) -> F,
@@ -452,7 +460,7 @@ where
     }
     shared.begin();
     let lane = pick_lane(&job.delivery, &picker.lanes, &mut picker.round_robin);
-    set.offer(lane, job).map(|job| (lane, job))
+    (lane, set.offer(lane, job).map(|job| (lane, job)))
 }
 
 fn pick_lane(delivery: &Delivery, lanes: &Lanes, round_robin: &mut usize) -> usize {

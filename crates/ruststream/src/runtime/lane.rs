@@ -10,7 +10,7 @@ use super::copy;
 use super::lanes::Finished;
 use super::mount::Handled;
 use super::shared::{Done, Job, Shared};
-use super::unwind::{CatchUnwind, Caught, in_handler};
+use super::unwind::{CatchUnwind, Caught};
 use crate::backoff::RERUN_FLOOR;
 use crate::extract::Incoming;
 use crate::middleware::Completion;
@@ -82,12 +82,11 @@ async fn call<S: Service>(
     shared: &Shared<S>,
     incoming: &Incoming,
 ) -> (Completion, Option<Box<super::unwind::Report>>) {
-    // A panic while extracting (synchronous) or while polling both count.
-    let future = match in_handler(|| shared.service.call(incoming)) {
-        Ok(future) => future,
-        Err(Caught { message, report }) => return (Completion::Panicked(message), report),
-    };
-    let mut future = pin!(CatchUnwind(pin!(future)));
+    // A panic while extracting or while polling both count. The extraction runs in the
+    // first poll, so one catch covers both (each catch costs thread-local round trips).
+    let mut future = pin!(CatchUnwind(pin!(async {
+        shared.service.call(incoming).await
+    })));
     // Most handlers finish in their first poll: no timer for them (the deadline then
     // counts from the second poll, a negligible difference).
     let first = poll_fn(|cx| Poll::Ready(future.as_mut().poll(cx))).await;

@@ -134,26 +134,34 @@ where
         }
         for i in 0..count {
             let lane = (self.scan_from + i) % count;
-            let Some(future) = self.running[lane].as_mut().as_pin_mut() else {
-                continue;
-            };
-            if let Poll::Ready((done, spare)) = future.poll(cx) {
-                self.running[lane].set(None);
-                self.busy -= 1;
-                self.publish();
+            if let Poll::Ready(done) = self.poll_lane(lane, cx) {
                 self.scan_from = (lane + 1) % count;
-                if let Some(spare) = spare
-                    && self.spare.len() < self.spare_cap
-                {
-                    self.spare.push(spare);
-                }
-                if let Some(next) = self.queues[lane].pop_front() {
-                    self.start(lane, next);
-                }
                 return Poll::Ready(done);
             }
         }
         Poll::Pending
+    }
+
+    /// Polls `lane`'s running delivery; when it is done, what it asks to settle is
+    /// returned, and the lane has already started the next one it holds.
+    #[inline]
+    pub(crate) fn poll_lane(&mut self, lane: usize, cx: &mut Context<'_>) -> Poll<Done<R>> {
+        let Some(future) = self.running[lane].as_mut().as_pin_mut() else {
+            return Poll::Pending;
+        };
+        let (done, spare) = std::task::ready!(future.poll(cx));
+        self.running[lane].set(None);
+        self.busy -= 1;
+        self.publish();
+        if let Some(spare) = spare
+            && self.spare.len() < self.spare_cap
+        {
+            self.spare.push(spare);
+        }
+        if let Some(next) = self.queues[lane].pop_front() {
+            self.start(lane, next);
+        }
+        Poll::Ready(done)
     }
 
     fn publish(&self) {

@@ -59,7 +59,7 @@ pub(crate) fn quiet_handler_panics() {
 }
 
 /// Runs `f` as handler code: a panic in it is caught and reported.
-pub(crate) fn in_handler<T>(f: impl FnOnce() -> T) -> Result<T, Caught> {
+fn in_handler<T>(f: impl FnOnce() -> T) -> Result<T, Caught> {
     let outer = IN_HANDLER.with(|flag| flag.replace(true));
     let result = catch_unwind(AssertUnwindSafe(f));
     IN_HANDLER.with(|flag| flag.set(outer));
