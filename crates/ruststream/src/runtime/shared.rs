@@ -44,12 +44,16 @@ pub(crate) struct Shared<S> {
 }
 
 impl<S> Shared<S> {
+    // The driver is the count's only writer (metrics only read it): a load and a store,
+    // not a locked read-modify-write per delivery.
     pub(crate) fn begin(&self) {
-        self.in_flight.count.fetch_add(1, Ordering::Relaxed);
+        let count = &self.in_flight.count;
+        count.store(count.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
     }
 
     pub(crate) fn end(&self) {
-        self.in_flight.count.fetch_sub(1, Ordering::Relaxed);
+        let count = &self.in_flight.count;
+        count.store(count.load(Ordering::Relaxed) - 1, Ordering::Relaxed);
     }
 }
 
