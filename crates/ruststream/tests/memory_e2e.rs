@@ -239,17 +239,26 @@ async fn panics_first(Meta { attempt, .. }: Meta, Message(o): Message<Order>) ->
     HandlerOutcome::ack()
 }
 
+/// A user's error type with a cause of its own.
 #[derive(Debug)]
-struct Failure;
+struct Failure(std::io::Error);
 impl std::fmt::Display for Failure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("database unavailable")
     }
 }
+impl std::error::Error for Failure {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.0)
+    }
+}
 
 async fn errs_first(Meta { attempt, .. }: Meta) -> Result<HandlerOutcome, Failure> {
     if attempt.number() == 1 {
-        Err(Failure)
+        Err(Failure(std::io::Error::new(
+            std::io::ErrorKind::ConnectionRefused,
+            "connection refused",
+        )))
     } else {
         Ok(HandlerOutcome::ack())
     }
@@ -288,7 +297,8 @@ async fn e2_a_panicking_handler_is_a_failed_attempt_and_the_service_goes_on() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn an_err_handler_is_logged_and_retried() {
+async fn an_err_handler_is_logged_with_its_causes_and_retried() {
+    ruststream_test_support::capture_logs("info");
     let broker = MemoryBroker::recording();
     let app = App::new().register(on(broker.topic("orders"), errs_first));
     let test = TestApp::start(app, &broker).await.unwrap();
@@ -298,7 +308,23 @@ async fn an_err_handler_is_logged_and_retried() {
     assert_eq!(calls.len(), 2);
     assert_eq!(
         calls[0].completion,
-        Completion::Failed("database unavailable".into())
+        Completion::Failed(ruststream::core::Cause::new("database unavailable"))
+    );
+    // The error itself reaches middleware, its source chain intact.
+    let Completion::Failed(error) = &calls[0].completion else {
+        unreachable!("compared above")
+    };
+    let failure = error
+        .downcast_ref::<Failure>()
+        .expect("the handler's own type");
+    assert_eq!(failure.0.kind(), std::io::ErrorKind::ConnectionRefused);
+    let source = error.as_error().source().expect("a source");
+    assert_eq!(source.to_string(), "connection refused");
+    let logs = ruststream_test_support::logs();
+    assert!(
+        logs.lines()
+            .any(|l| l.contains("WARN") && l.contains("database unavailable: connection refused")),
+        "no warning with the error and its cause:\n{logs}"
     );
     assert_eq!(calls[1].attempt, 2);
     test.stop().await;

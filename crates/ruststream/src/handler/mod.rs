@@ -13,11 +13,11 @@ use crate::state::StateMap;
 
 /// An async function usable as a handler: every argument implements [`FromDelivery`],
 /// and it returns a [`HandlerOutcome`](crate::HandlerOutcome) or
-/// `Result<HandlerOutcome, E: Display>`.
+/// `Result<HandlerOutcome, E>` with `E` an error type.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a ruststream handler",
     label = "not a handler",
-    note = "a handler is an `async fn` with up to 8 arguments that implement `FromDelivery` (Message<T>, Payload, Headers, Meta, State<T>, Publisher...), returning `HandlerOutcome` or `Result<HandlerOutcome, E: Display>`, whose future is `Send` (nothing like an `Rc` or a `std::sync::MutexGuard` held across an `.await`)",
+    note = "a handler is an `async fn` with up to 8 arguments that implement `FromDelivery` (Message<T>, Payload, Headers, Meta, State<T>, Publisher...), returning `HandlerOutcome` or `Result<HandlerOutcome, E>` with `E` an error type, whose future is `Send` (nothing like an `Rc` or a `std::sync::MutexGuard` held across an `.await`)",
     note = "put `#[ruststream::handler]` on the function to see which argument, type or `.await` is at fault"
 )]
 pub trait Handler<Args>: Send + Sync + 'static {

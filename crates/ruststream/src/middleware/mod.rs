@@ -36,6 +36,7 @@ mod from_fn;
 mod service;
 mod trace;
 
+pub(crate) use completion::Chain;
 pub use completion::Completion;
 pub use from_fn::{FromFn, FromFnService, Next, from_fn};
 pub use service::{Layer, Service};

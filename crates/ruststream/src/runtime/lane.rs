@@ -13,6 +13,7 @@ use super::shared::{Done, Job, Shared};
 use super::unwind::{CatchUnwind, Caught};
 use crate::backoff::RERUN_FLOOR;
 use crate::extract::Incoming;
+use crate::middleware::Chain;
 use crate::middleware::Completion;
 use crate::middleware::Service;
 use crate::ops::{Instruments, Outcome, SettleError};
@@ -140,6 +141,7 @@ fn failure_verdict<S>(
     match completion {
         Completion::Outcome(outcome) => Verdict::Outcome(*outcome),
         Completion::Failed(error) => {
+            let error = Chain(error.as_error());
             if loud {
                 tracing::warn!(registration, address, attempt, %error, "handler returned an error; retrying");
             } else {
