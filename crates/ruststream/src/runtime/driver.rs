@@ -165,26 +165,14 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
     let mut settle_errors = ErrorRun::default();
     loop {
         let room = fetch_room(&subscription, &shared, &mut at_bound);
-        // The common case is a straight line: a lane done, settled; a delivery fetched,
-        // started on its lane; no select, no queue shared with anyone.
-        let waiting = pending.is_some();
-        // The fetch lives as long as this pass waits (it holds the waker the broker
-        // wakes), and is dropped, like a select! branch, once something else comes first.
-        let event = {
-            let mut fetch = pin!(async {
-                if waiting {
-                    std::future::pending::<()>().await;
-                }
-                if room {
-                    Some(subscription.next().await)
-                } else {
-                    subscription.idle().await;
-                    None
-                }
-            });
-            poll_fn(|cx| poll_event(cx, &mut set, &mut timers.set, &mut stop, fetch.as_mut())).await
+        // The common case is a straight line: a delivery fetched, started on its lane,
+        // finished in its first poll, settled; no select, no queue shared with anyone.
+        let fetch = Fetch {
+            subscription: &mut subscription,
+            room,
+            waiting: pending.is_some(),
         };
-        let done = match event {
+        let done = match fetch.or_else(&mut set, &mut timers.set, &mut stop).await {
             Event::Finished(done) => {
                 set.start_waiting(&mut pending);
                 done
@@ -199,13 +187,12 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
                 let lane;
                 (lane, pending) = accept(&shared, &mut set, &mut picker, job);
                 // Most handlers finish in their first poll: settled in this same pass.
-                match poll_fn(|cx| Poll::Ready(set.poll_lane(lane, cx))).await {
-                    Poll::Ready(done) => {
-                        set.start_waiting(&mut pending);
-                        done
-                    }
-                    Poll::Pending => continue,
-                }
+                let Poll::Ready(done) = poll_fn(|cx| Poll::Ready(set.poll_lane(lane, cx))).await
+                else {
+                    continue;
+                };
+                set.start_waiting(&mut pending);
+                done
             }
             Event::FetchFailed(error) => {
                 fetch_failed(&mut fetch_errors, &shared, &error);
@@ -306,6 +293,48 @@ impl StopSignal {
     /// Whether a stop came; otherwise this task is woken when one does.
     fn poll_stopped(&mut self, cx: &mut Context<'_>) -> bool {
         self.waiter.as_mut().poll(cx).is_ready()
+    }
+}
+
+/// A pass's fetch: the next delivery when there is room, the subscription's idle upkeep
+/// at the bound, nothing while a fetched delivery waits for its lane.
+struct Fetch<'a, Sub> {
+    subscription: &'a mut Sub,
+    room: bool,
+    waiting: bool,
+}
+
+impl<Sub: Subscription> Fetch<'_, Sub> {
+    /// The first event of the pass: the fetch, or whatever comes before it. The fetch
+    /// lives as long as the pass waits (it holds the waker the broker wakes), and is
+    /// dropped, like a select! branch, once something else comes first.
+    async fn or_else<F, St>(
+        self,
+        set: &mut LaneSet<Sub::Receipt, F, St>,
+        timers: &mut JoinSet<Done<Sub::Receipt>>,
+        stop: &mut StopSignal,
+    ) -> Event<Sub::Receipt>
+    where
+        F: Future<Output = Finished<Sub::Receipt>>,
+        St: Fn(Job<Sub::Receipt>) -> F,
+    {
+        let Self {
+            subscription,
+            room,
+            waiting,
+        } = self;
+        let mut fetch = pin!(async {
+            if waiting {
+                std::future::pending::<()>().await;
+            }
+            if room {
+                Some(subscription.next().await)
+            } else {
+                subscription.idle().await;
+                None
+            }
+        });
+        poll_fn(|cx| poll_event(cx, set, timers, stop, fetch.as_mut())).await
     }
 }
 
