@@ -177,83 +177,23 @@ impl Metrics {
     pub(crate) fn new() -> Arc<Self> {
         let mut registry = Registry::default();
         let r = &mut registry;
-        let deliveries = registered(
-            r,
-            "ruststream_deliveries",
-            Family::default(),
-            "Deliveries fetched from the broker",
-        );
-        let outcomes = registered(
-            r,
-            "ruststream_outcomes",
-            Family::default(),
-            "Handled deliveries by how they ended (kind: ack, drop, retry, retry_after, \
-             dead_lettered, error, panicked, timed_out, undecodable)",
-        );
+        let deliveries = registered(r, &series::DELIVERIES, Family::default());
+        let outcomes = registered(r, &series::OUTCOMES, Family::default());
         let duration = registered(
             r,
-            "ruststream_handler_duration_seconds",
+            &series::DURATION,
             Family::<Labels, Histogram>::new_with_constructor(
                 duration_histogram as fn() -> Histogram,
             ),
-            "Time from the handler's call to its answer (extractors included)",
         );
-        let in_flight = registered(
-            r,
-            "ruststream_in_flight",
-            Family::default(),
-            "Deliveries fetched and not settled: running, queued for a lane, or waiting \
-             for a delayed copy",
-        );
-        let running = registered(
-            r,
-            "ruststream_running",
-            Family::default(),
-            "Of the deliveries in flight, those a handler runs for now (the rest of \
-             ruststream_in_flight minus ruststream_delayed is queued for a lane)",
-        );
-        let delayed = registered(
-            r,
-            "ruststream_delayed",
-            Family::default(),
-            "Deliveries whose retry copy waits for its delay in this process",
-        );
-        let copies = registered(
-            r,
-            "ruststream_copies_published",
-            Family::default(),
-            "Copies published and confirmed before their original settled (kind: \
-             retry_copy, dead_letter)",
-        );
-        let copy_failures = registered(
-            r,
-            "ruststream_copy_failures",
-            Family::default(),
-            "Copies that did not go out (kind: transient = tried again, refused = the \
-             original comes back later, lost = nothing can bring the original back)",
-        );
-        let settle_errors = registered(
-            r,
-            "ruststream_settle_errors",
-            Family::default(),
-            "Settlements that did not happen (kind: failed, unsupported)",
-        );
-        let fetch_errors = registered(
-            r,
-            "ruststream_fetch_errors",
-            Family::default(),
-            "Fetches from the broker that failed",
-        );
-        let backlog = registered(
-            r,
-            "ruststream_backlog",
-            Family::default(),
-            "What the broker tells about the subscription's backlog, asked at each scrape \
-             (kind: pending = not yet delivered, Kafka high watermark - committed per \
-             partition and JetStream num_pending; ack_pending = delivered and not \
-             acknowledged, JetStream; slow_consumer_dropped = Core NATS messages the \
-             client dropped since the start)",
-        );
+        let in_flight = registered(r, &series::IN_FLIGHT, Family::default());
+        let running = registered(r, &series::RUNNING, Family::default());
+        let delayed = registered(r, &series::DELAYED, Family::default());
+        let copies = registered(r, &series::COPIES, Family::default());
+        let copy_failures = registered(r, &series::COPY_FAILURES, Family::default());
+        let settle_errors = registered(r, &series::SETTLE_ERRORS, Family::default());
+        let fetch_errors = registered(r, &series::FETCH_ERRORS, Family::default());
+        let backlog = registered(r, &series::BACKLOG, Family::default());
         Arc::new(Self {
             registry: Mutex::new(registry),
             deliveries,
@@ -454,7 +394,82 @@ impl Instruments {
 }
 
 /// Registers `metric` as `name` with its help text, and hands it back.
-fn registered<M: Metric + Clone>(registry: &mut Registry, name: &str, metric: M, help: &str) -> M {
-    registry.register(name, help, metric.clone());
+fn registered<M: Metric + Clone>(registry: &mut Registry, series: &Series, metric: M) -> M {
+    registry.register(series.name, series.help, metric.clone());
     metric
+}
+
+/// A series' name and the help text a scrape shows for it.
+struct Series {
+    name: &'static str,
+    help: &'static str,
+}
+
+/// Every series the metrics expose.
+mod series {
+    use super::Series;
+
+    pub(super) const DELIVERIES: Series = Series {
+        name: "ruststream_deliveries",
+        help: "Deliveries fetched from the broker",
+    };
+
+    pub(super) const OUTCOMES: Series = Series {
+        name: "ruststream_outcomes",
+        help: "Handled deliveries by how they ended (kind: ack, drop, retry, retry_after, \
+                 dead_lettered, error, panicked, timed_out, undecodable)",
+    };
+
+    pub(super) const DURATION: Series = Series {
+        name: "ruststream_handler_duration_seconds",
+        help: "Time from the handler's call to its answer (extractors included)",
+    };
+
+    pub(super) const IN_FLIGHT: Series = Series {
+        name: "ruststream_in_flight",
+        help: "Deliveries fetched and not settled: running, queued for a lane, or waiting \
+                 for a delayed copy",
+    };
+
+    pub(super) const RUNNING: Series = Series {
+        name: "ruststream_running",
+        help: "Of the deliveries in flight, those a handler runs for now (the rest of \
+                 ruststream_in_flight minus ruststream_delayed is queued for a lane)",
+    };
+
+    pub(super) const DELAYED: Series = Series {
+        name: "ruststream_delayed",
+        help: "Deliveries whose retry copy waits for its delay in this process",
+    };
+
+    pub(super) const COPIES: Series = Series {
+        name: "ruststream_copies_published",
+        help: "Copies published and confirmed before their original settled (kind: \
+                 retry_copy, dead_letter)",
+    };
+
+    pub(super) const COPY_FAILURES: Series = Series {
+        name: "ruststream_copy_failures",
+        help: "Copies that did not go out (kind: transient = tried again, refused = the \
+                 original comes back later, lost = nothing can bring the original back)",
+    };
+
+    pub(super) const SETTLE_ERRORS: Series = Series {
+        name: "ruststream_settle_errors",
+        help: "Settlements that did not happen (kind: failed, unsupported)",
+    };
+
+    pub(super) const FETCH_ERRORS: Series = Series {
+        name: "ruststream_fetch_errors",
+        help: "Fetches from the broker that failed",
+    };
+
+    pub(super) const BACKLOG: Series = Series {
+        name: "ruststream_backlog",
+        help: "What the broker tells about the subscription's backlog, asked at each scrape \
+                 (kind: pending = not yet delivered, Kafka high watermark - committed per \
+                 partition and JetStream num_pending; ack_pending = delivered and not \
+                 acknowledged, JetStream; slow_consumer_dropped = Core NATS messages the \
+                 client dropped since the start)",
+    };
 }
