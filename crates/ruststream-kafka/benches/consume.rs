@@ -11,7 +11,9 @@
 
 use std::sync::{Arc, Mutex};
 
-use ruststream_test_support::bench::{Figures, Span, in_turn, load_average, own_thread, report};
+use ruststream_test_support::bench::{
+    Figures, Span, env_count, in_turn, load_average, own_thread, report,
+};
 use std::time::{Duration, Instant};
 
 use ruststream::{App, HandlerOutcome, Headers, Message, State, on};
@@ -36,16 +38,9 @@ const PAYLOAD: &[u8] = br#"{"id":123456,"price":4200,"qty":7,"buy":true}"#;
 /// Records per side and rounds; `BENCH_RECORDS` and `BENCH_ROUNDS` change them (a
 /// callgrind run of the framework side wants fewer).
 static RECORDS: std::sync::LazyLock<usize> =
-    std::sync::LazyLock::new(|| from_env("BENCH_RECORDS", 100_000));
+    std::sync::LazyLock::new(|| env_count("BENCH_RECORDS", 100_000));
 static ROUNDS: std::sync::LazyLock<usize> =
-    std::sync::LazyLock::new(|| from_env("BENCH_ROUNDS", 3));
-
-fn from_env(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+    std::sync::LazyLock::new(|| env_count("BENCH_ROUNDS", 3));
 
 async fn handle(
     Message(tick): Message<Tick>,

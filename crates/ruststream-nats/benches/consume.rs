@@ -6,7 +6,7 @@
 //!
 //! Run with `cargo bench -p ruststream-nats --bench consume` (scripts/test starts a server).
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -14,7 +14,9 @@ use futures_util::StreamExt;
 use ruststream::{App, HandlerOutcome, Message, State, on};
 use ruststream_nats::Nats;
 use ruststream_nats::async_nats::jetstream::{self, consumer::pull, stream};
-use ruststream_test_support::bench::{Figures, Span, in_turn, load_average, own_thread, report};
+use ruststream_test_support::bench::{
+    Figures, Span, env_count, in_turn, load_average, own_thread, report,
+};
 use serde::Deserialize;
 
 #[derive(Deserialize)]
@@ -27,9 +29,11 @@ struct Tick {
 }
 
 const PAYLOAD: &[u8] = br#"{"id":123456,"price":4200,"qty":7,"buy":true}"#;
-const CORE_MESSAGES: usize = 200_000;
-const JS_MESSAGES: usize = 100_000;
-const ROUNDS: usize = 3;
+/// Messages per side and rounds: `BENCH_MESSAGES` (Core; JetStream gets half) and
+/// `BENCH_ROUNDS` change them, `BENCH_ONLY=core` leaves JetStream out (for callgrind).
+static CORE_MESSAGES: LazyLock<usize> = LazyLock::new(|| env_count("BENCH_MESSAGES", 200_000));
+static JS_MESSAGES: LazyLock<usize> = LazyLock::new(|| *CORE_MESSAGES / 2);
+static ROUNDS: LazyLock<usize> = LazyLock::new(|| env_count("BENCH_ROUNDS", 3));
 
 async fn handle(
     Message(tick): Message<Tick>,
@@ -67,7 +71,7 @@ async fn publish_core(nats: &Nats, subject: &str, n: usize) {
 /// publisher sends (again and again) once nothing more arrives.
 async fn core_raw(publisher: &Nats, service: &Nats, round: usize) -> Figures {
     let subject = format!("bench.core.raw.{round}.{}", std::process::id());
-    let span = Span::new(CORE_MESSAGES);
+    let span = Span::new(*CORE_MESSAGES);
     let client = service.client().clone();
     let (consumer_span, consumer_subject) = (Arc::clone(&span), subject.clone());
     let (ready_tx, ready) = tokio::sync::oneshot::channel();
@@ -85,7 +89,7 @@ async fn core_raw(publisher: &Nats, service: &Nats, round: usize) -> Figures {
         Span::figures(&consumer_span)
     }));
     ready.await.unwrap();
-    publish_core(publisher, &subject, CORE_MESSAGES).await;
+    publish_core(publisher, &subject, *CORE_MESSAGES).await;
     Span::wait(&span, QUIET, LIMIT).await;
     while !consumer.is_finished() {
         publisher
@@ -101,7 +105,7 @@ async fn core_raw(publisher: &Nats, service: &Nats, round: usize) -> Figures {
 
 async fn core_framework(publisher: &Nats, service: &Nats, round: usize, metrics: bool) -> Figures {
     let subject = format!("bench.core.fw.{round}.{metrics}.{}", std::process::id());
-    let span = Span::new(CORE_MESSAGES);
+    let span = Span::new(*CORE_MESSAGES);
     let (service, consumer_span, consumer_subject) =
         (service.clone(), Arc::clone(&span), subject.clone());
     let (ready_tx, ready) = tokio::sync::oneshot::channel();
@@ -119,7 +123,7 @@ async fn core_framework(publisher: &Nats, service: &Nats, round: usize, metrics:
         figures
     }));
     ready.await.unwrap();
-    publish_core(publisher, &subject, CORE_MESSAGES).await;
+    publish_core(publisher, &subject, *CORE_MESSAGES).await;
     consumer.await.unwrap()
 }
 
@@ -135,7 +139,7 @@ async fn prefill(nats: &Nats, name: &str) -> jetstream::stream::Stream {
         .await
         .unwrap();
     let mut acks = Vec::with_capacity(1000);
-    for _ in 0..JS_MESSAGES {
+    for _ in 0..*JS_MESSAGES {
         acks.push(
             js.publish(format!("{name}.in"), Bytes::from_static(PAYLOAD))
                 .await
@@ -157,7 +161,7 @@ async fn wait_acked(stream: &jetstream::stream::Stream, consumer: &str) {
     let deadline = Instant::now() + Duration::from_secs(300);
     loop {
         if let Ok(info) = stream.consumer_info(consumer).await
-            && info.ack_floor.stream_sequence >= JS_MESSAGES as u64
+            && info.ack_floor.stream_sequence >= *JS_MESSAGES as u64
         {
             return;
         }
@@ -183,8 +187,8 @@ async fn jetstream_raw(nats: &Nats, round: usize) -> Figures {
             .await
             .unwrap();
         let mut messages = consumer.messages().await.unwrap();
-        let span = Span::new(JS_MESSAGES);
-        for _ in 0..JS_MESSAGES {
+        let span = Span::new(*JS_MESSAGES);
+        for _ in 0..*JS_MESSAGES {
             let m = messages.next().await.unwrap().unwrap();
             decode(&m.payload);
             m.ack().await.unwrap();
@@ -206,7 +210,7 @@ async fn jetstream_framework(nats: &Nats, round: usize) -> Figures {
     let stream = prefill(nats, &name).await;
     let (service, consumer_name) = (nats.clone(), name.clone());
     let figures = own_thread(move || async move {
-        let span = Span::new(JS_MESSAGES);
+        let span = Span::new(*JS_MESSAGES);
         let running = App::new()
             .state(Arc::clone(&span))
             .register(on(service.consumer(&consumer_name, "framework"), handle))
@@ -237,7 +241,8 @@ async fn main() {
     let service = Nats::connect(&url).await.expect("connect");
     let load = load_average();
     let mut figures: [Vec<Figures>; 5] = Default::default();
-    for round in 0..ROUNDS {
+    let core_only = std::env::var("BENCH_ONLY").is_ok_and(|v| v == "core");
+    for round in 0..*ROUNDS {
         // Alternate the order so neither side always runs on a warmer server.
         let (raw, fw) = in_turn(
             round,
@@ -245,10 +250,13 @@ async fn main() {
             || core_framework(&nats, &service, round, false),
         )
         .await;
-        // The same with metrics on (issue #14), compared with the run just above.
-        figures[4].push(core_framework(&nats, &service, round, true).await);
         figures[0].push(raw);
         figures[1].push(fw);
+        if core_only {
+            continue;
+        }
+        // The same with metrics on (issue #14), compared with the run just above.
+        figures[4].push(core_framework(&nats, &service, round, true).await);
         let (raw, fw) = in_turn(
             round,
             || jetstream_raw(&service, round),
@@ -262,16 +270,19 @@ async fn main() {
     println!(
         "{}",
         report(
-            &format!("nats/core consume ({CORE_MESSAGES} messages)"),
+            &format!("nats/core consume ({} messages)", *CORE_MESSAGES),
             &figures[0],
             &figures[1],
             &load
         )
     );
+    if core_only {
+        return;
+    }
     println!(
         "{}",
         report(
-            &format!("nats/jetstream pull+ack ({JS_MESSAGES} messages)"),
+            &format!("nats/jetstream pull+ack ({} messages)", *JS_MESSAGES),
             &figures[2],
             &figures[3],
             &load
@@ -281,7 +292,8 @@ async fn main() {
         "{}",
         report(
             &format!(
-                "nats/core metrics off (as raw) vs on (as ruststream) ({CORE_MESSAGES} messages)"
+                "nats/core metrics off (as raw) vs on (as ruststream) ({} messages)",
+                *CORE_MESSAGES
             ),
             &figures[1],
             &figures[4],

@@ -21,6 +21,15 @@ pub fn thread_cpu_ns() -> u64 {
         .expect("a schedstat line")
 }
 
+/// A count from the environment variable `name`, or `default`: benches take their
+/// message and round counts this way (a callgrind run wants fewer).
+pub fn env_count(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 /// The 1-minute load average, as `/proc/loadavg` says.
 pub fn load_average() -> String {
     std::fs::read_to_string("/proc/loadavg")
