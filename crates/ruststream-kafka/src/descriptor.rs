@@ -1,5 +1,6 @@
 //! The three Kafka descriptors: one topic, a set of topics, explicit partitions.
 
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -57,7 +58,9 @@ impl Source {
     fn check(&self) -> Vec<String> {
         let mut broken = self.settings.contradictions(self.commit);
         if self.group.is_empty() {
-            broken.push("a Kafka subscription needs a consumer group: .group(name)".to_owned());
+            broken.push(
+                "a Kafka subscription needs a non-empty consumer group: .group(name)".to_owned(),
+            );
         }
         match (self.commit, &self.pipeline) {
             (Commit::Transactional, None) => broken.push(
@@ -257,19 +260,53 @@ fn topic_rule(topic: &str) -> Option<String> {
     None
 }
 
+/// A Kafka descriptor that has no consumer group yet: it is not a descriptor until
+/// `.group(name)` names one, so registering it does not compile (the compiler says
+/// `Descriptor` is implemented for `KafkaTopic<Grouped>`).
+///
+/// ```compile_fail
+/// # use ruststream::{App, HandlerOutcome, Message, on};
+/// # async fn handle(Message(_n): Message<u64>) -> HandlerOutcome { HandlerOutcome::ack() }
+/// # fn app(kafka: ruststream_kafka::Kafka) -> App {
+/// App::new().register(on(kafka.topic("orders"), handle)) // no .group(..)
+/// # }
+/// ```
+///
+/// ```
+/// # use ruststream::{App, HandlerOutcome, Message, on};
+/// # async fn handle(Message(_n): Message<u64>) -> HandlerOutcome { HandlerOutcome::ack() }
+/// # fn app(kafka: ruststream_kafka::Kafka) -> App {
+/// App::new().register(on(kafka.topic("orders").group("billing"), handle))
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct NeedsGroup;
+
+/// A Kafka descriptor with its consumer group: one that can be registered.
+#[derive(Debug, Clone, Copy)]
+pub struct Grouped;
+
 macro_rules! descriptor {
     ($(#[$doc:meta])* $name:ident, retry_address: $retry:expr) => {
         $(#[$doc])*
+        ///
+        /// Its consumer group is required, and checked by the compiler: the descriptor
+        /// is a [`Descriptor`] only once `.group(name)` named it.
         #[derive(Debug, Clone)]
-        pub struct $name {
+        pub struct $name<G = NeedsGroup> {
             source: Source,
+            group: PhantomData<G>,
         }
 
-        impl $name {
-            /// Reads as consumer group `group` (required).
-            pub fn group(mut self, group: impl Into<String>) -> Self {
+        impl<G> $name<G> {
+            /// Reads as consumer group `group` (required: before it, this is not a
+            /// descriptor).
+            pub fn group(mut self, group: impl Into<String>) -> $name<Grouped> {
                 self.source.group = group.into();
-                self
+                $name {
+                    source: self.source,
+                    group: PhantomData,
+                }
             }
 
             /// The commit mode (default [`Commit::Auto`]).
@@ -305,7 +342,7 @@ macro_rules! descriptor {
             }
         }
 
-        impl Descriptor for $name {
+        impl Descriptor for $name<Grouped> {
             type Subscription = KafkaSubscription;
 
             fn address(&self) -> &str {
@@ -384,6 +421,7 @@ impl KafkaTopic {
     pub(crate) fn new(kafka: Kafka, topic: String) -> Self {
         Self {
             source: Source::new(kafka, Selection::Topic(topic.clone()), topic),
+            group: PhantomData,
         }
     }
 }
@@ -393,6 +431,7 @@ impl KafkaTopics {
         let address = topics.join(",");
         Self {
             source: Source::new(kafka, Selection::Topics(topics), address),
+            group: PhantomData,
         }
     }
 }
@@ -406,6 +445,7 @@ impl KafkaPartitions {
             .join(",");
         Self {
             source: Source::new(kafka, Selection::Partitions(partitions), address),
+            group: PhantomData,
         }
     }
 }

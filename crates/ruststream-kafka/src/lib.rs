@@ -95,7 +95,9 @@ use std::sync::Arc;
 
 pub use config::{AUTO_CAPABILITIES, Commit, TRACKED_CAPABILITIES, TRANSACTIONAL_CAPABILITIES};
 pub use context::KafkaContext;
-pub use descriptor::{DEFAULT_CLOSE_TIMEOUT, KafkaPartitions, KafkaTopic, KafkaTopics};
+pub use descriptor::{
+    DEFAULT_CLOSE_TIMEOUT, Grouped, KafkaPartitions, KafkaTopic, KafkaTopics, NeedsGroup,
+};
 pub use eos::{DEFAULT_COMMIT_INTERVAL, EosPipeline, EosPublisher, WindowReport};
 pub use publish::{DELIVERY_TIMEOUT, KafkaPublisher, Landed, Partition};
 pub use rdkafka;

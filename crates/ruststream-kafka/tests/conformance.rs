@@ -7,7 +7,7 @@ use std::time::Duration;
 use common::{create_topic, kafka, unique};
 use ruststream::Publisher;
 use ruststream::conformance::Bed;
-use ruststream_kafka::{Commit, EosPipeline, Kafka, KafkaTopic};
+use ruststream_kafka::{Commit, EosPipeline, Grouped, Kafka, KafkaTopic};
 
 struct Topics {
     kafka: Kafka,
@@ -15,7 +15,7 @@ struct Topics {
 }
 
 impl Bed for Topics {
-    type Descriptor = KafkaTopic;
+    type Descriptor = KafkaTopic<Grouped>;
 
     async fn address(&self) -> String {
         let topic = unique("suite");
@@ -23,7 +23,7 @@ impl Bed for Topics {
         topic
     }
 
-    fn subscribe(&self, address: &str, group: &str) -> KafkaTopic {
+    fn subscribe(&self, address: &str, group: &str) -> KafkaTopic<Grouped> {
         let topic = self.kafka.topic(address);
         // A transactional subscription commits through a pipeline of its own.
         let topic = if self.commit == Commit::Transactional {

@@ -24,7 +24,7 @@ fn transactional(
     topic: &str,
     group: &str,
     pipeline: &EosPipeline,
-) -> ruststream_kafka::KafkaTopic {
+) -> ruststream_kafka::KafkaTopic<ruststream_kafka::Grouped> {
     kafka
         .topic(topic)
         .group(group)

@@ -408,7 +408,11 @@ async fn k8_topics_and_partitions_without_a_retry_destination_refuse_to_start() 
         )
         .register(
             on(
-                kafka.topic("d").set("enable.auto.commit", "false"),
+                // Without .group(..) this would not compile; an empty group is refused.
+                kafka
+                    .topic("d")
+                    .group("")
+                    .set("enable.auto.commit", "false"),
                 handler(Arc::clone(&script)),
             )
             .name("no-group"),

@@ -101,7 +101,7 @@ fn kafka_topic(
     topic: &str,
     group: &str,
     commit: Commit,
-) -> Result<ruststream_kafka::KafkaTopic, Box<dyn std::error::Error>> {
+) -> Result<ruststream_kafka::KafkaTopic<ruststream_kafka::Grouped>, Box<dyn std::error::Error>> {
     Ok(Kafka::connect(url)?
         .topic(topic)
         .group(group)

@@ -244,7 +244,7 @@ pub fn topic(
     topic: &str,
     group: &str,
     commit: ruststream_kafka::Commit,
-) -> ruststream_kafka::KafkaTopic {
+) -> ruststream_kafka::KafkaTopic<ruststream_kafka::Grouped> {
     kafka
         .topic(topic)
         .group(group)
