@@ -661,3 +661,46 @@ async fn groups_each_get_every_message_and_members_compete() {
     assert_eq!(test.calls_of("audit").len(), 10);
     test.stop().await;
 }
+
+/// An extractor that panics on a delivery's first attempt.
+struct PanicsFirst;
+
+static EXTRACTIONS: AtomicUsize = AtomicUsize::new(0);
+
+impl ruststream::FromDelivery for PanicsFirst {
+    fn from_delivery(
+        _incoming: &ruststream::extract::Incoming,
+    ) -> Result<Self, ruststream::extract::Rejection> {
+        assert!(
+            EXTRACTIONS.fetch_add(1, Ordering::SeqCst) != 0,
+            "extractor boom"
+        );
+        Ok(Self)
+    }
+}
+
+async fn extracts_panicking(_p: PanicsFirst) -> HandlerOutcome {
+    HandlerOutcome::ack()
+}
+
+#[tokio::test(start_paused = true)]
+async fn e2_a_panic_while_extracting_is_a_failed_attempt_too() {
+    let broker = MemoryBroker::recording();
+    let app = App::new().register(on(broker.topic("orders"), extracts_panicking));
+    let test = TestApp::start(app, &broker).await.unwrap();
+    test.publish("orders", &order(1)).await;
+    test.settled().await;
+    let calls = test.calls();
+    assert_eq!(calls.len(), 2, "{calls:?}");
+    assert!(
+        matches!(&calls[0].completion, Completion::Panicked(m) if m.contains("extractor boom")),
+        "{:?}",
+        calls[0].completion
+    );
+    assert_eq!(calls[0].plan.settle, Settle::Redeliver);
+    assert_eq!(
+        calls[1].completion,
+        Completion::Outcome(HandlerOutcome::ack())
+    );
+    test.stop().await;
+}
