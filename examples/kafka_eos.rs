@@ -81,8 +81,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             kafka
                 .topic(&orders)
                 .group(&group)
-                .commit(Commit::Transactional)
-                .pipeline(&pipeline)
+                .commit(Commit::Transactional(pipeline.clone()))
                 .set("session.timeout.ms", "6000")
                 .set("heartbeat.interval.ms", "500"),
             invoice,

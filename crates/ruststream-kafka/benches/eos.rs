@@ -58,7 +58,7 @@ async fn run(kafka: &Kafka, input: &str, output: &str, transactional: bool) -> f
     if transactional {
         let pipeline = EosPipeline::new(kafka, format!("bench-{}", std::process::id()))
             .commit_interval(Duration::from_millis(100));
-        topic = topic.commit(Commit::Transactional).pipeline(&pipeline);
+        topic = topic.commit(Commit::Transactional(pipeline));
     } else {
         topic = topic.commit(Commit::Tracked);
     }

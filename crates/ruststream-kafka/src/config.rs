@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use ruststream_core::{Capabilities, DeadLetters, DelayedRedelivery, Verb};
 
 /// How a subscription's handler outcomes reach the group's committed offsets (SPEC K1).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default)]
 pub enum Commit {
     /// librdkafka stores each offset when it hands the record over and its timer commits
     /// it. `ack` and `drop` do nothing; `retry()` without a declaration is
@@ -17,12 +17,35 @@ pub enum Commit {
     /// position never passes a record still running (K3). `retry()` delivers the record
     /// again ahead of what is fetched next (K4).
     Tracked,
-    /// The consumer commits nothing itself: the subscription's [`EosPipeline`] commits its
-    /// settled positions together with the records its handlers produced, one window per
-    /// `commit_interval` (K6). `retry()` aborts the open window, which is read again.
-    /// Needs `.pipeline(..)` on the descriptor.
+    /// The consumer commits nothing itself: the [`EosPipeline`] it holds commits the
+    /// subscription's settled positions together with the records its handlers produced,
+    /// one window per `commit_interval` (K6). `retry()` aborts the open window, which is
+    /// read again. The pipeline is part of the mode, so a transactional subscription
+    /// without one cannot be written:
+    ///
+    /// ```compile_fail
+    /// # use ruststream_kafka::Commit;
+    /// let commit = Commit::Transactional; // no pipeline
+    /// # let _: Commit = commit;
+    /// ```
+    ///
+    /// ```
+    /// # use ruststream_kafka::{Commit, EosPipeline, Kafka};
+    /// # fn mode(kafka: &Kafka) -> Commit {
+    /// let pipeline = EosPipeline::new(kafka, "billing-eos");
+    /// Commit::Transactional(pipeline)
+    /// # }
+    /// ```
     ///
     /// [`EosPipeline`]: crate::EosPipeline
+    Transactional(crate::EosPipeline),
+}
+
+/// The commit mode without its pipeline: what the subscription's code branches on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    Auto,
+    Tracked,
     Transactional,
 }
 
@@ -59,17 +82,39 @@ pub const TRANSACTIONAL_CAPABILITIES: Capabilities =
 
 impl Commit {
     /// What the mode can do.
-    pub const fn capabilities(self) -> Capabilities {
+    pub const fn capabilities(&self) -> Capabilities {
+        self.mode().capabilities()
+    }
+
+    pub(crate) const fn mode(&self) -> Mode {
         match self {
-            Commit::Auto => AUTO_CAPABILITIES,
-            Commit::Tracked => TRACKED_CAPABILITIES,
-            Commit::Transactional => TRANSACTIONAL_CAPABILITIES,
+            Commit::Auto => Mode::Auto,
+            Commit::Tracked => Mode::Tracked,
+            Commit::Transactional(_) => Mode::Transactional,
+        }
+    }
+
+    /// The pipeline a transactional subscription commits through.
+    pub(crate) fn pipeline(&self) -> Option<&crate::EosPipeline> {
+        match self {
+            Commit::Transactional(pipeline) => Some(pipeline),
+            _ => None,
+        }
+    }
+}
+
+impl Mode {
+    const fn capabilities(self) -> Capabilities {
+        match self {
+            Mode::Auto => AUTO_CAPABILITIES,
+            Mode::Tracked => TRACKED_CAPABILITIES,
+            Mode::Transactional => TRANSACTIONAL_CAPABILITIES,
         }
     }
 
     /// Whether the subscription tracks offsets (Tracked and Transactional).
     pub(crate) const fn tracks(self) -> bool {
-        !matches!(self, Commit::Auto)
+        !matches!(self, Mode::Auto)
     }
 }
 
@@ -91,16 +136,16 @@ impl Settings {
     }
 
     /// Settings that contradict the mode, one sentence each.
-    pub(crate) fn contradictions(&self, commit: Commit) -> Vec<String> {
+    pub(crate) fn contradictions(&self, commit: Mode) -> Vec<String> {
         let mut broken = Vec::new();
-        if commit == Commit::Transactional && self.is("enable.auto.commit", "true") {
+        if commit == Mode::Transactional && self.is("enable.auto.commit", "true") {
             broken.push(
                 "Commit::Transactional commits offsets in the pipeline's transactions; \
                  enable.auto.commit=true would commit them outside"
                     .to_owned(),
             );
         }
-        if commit != Commit::Transactional && self.is("enable.auto.commit", "false") {
+        if commit != Mode::Transactional && self.is("enable.auto.commit", "false") {
             broken.push(format!(
                 "Commit::{commit:?} commits through librdkafka's auto-commit timer; \
                  enable.auto.commit=false contradicts it"
@@ -128,7 +173,7 @@ mod tests {
 
     #[test]
     fn k1_a_subscription_is_auto_unless_told_and_each_mode_declares_its_own_capabilities() {
-        assert_eq!(Commit::default(), Commit::Auto);
+        assert!(matches!(Commit::default(), Commit::Auto));
         // Connections are lazy: no broker is needed to build descriptors.
         let kafka = Kafka::connect("127.0.0.1:1").expect("a client");
         let topic = || kafka.topic("orders").group("billing");
@@ -138,7 +183,9 @@ mod tests {
             TRACKED_CAPABILITIES
         );
         assert_eq!(
-            topic().commit(Commit::Transactional).capabilities(),
+            topic()
+                .commit(Commit::Transactional(crate::EosPipeline::new(&kafka, "tx")))
+                .capabilities(),
             TRANSACTIONAL_CAPABILITIES
         );
     }

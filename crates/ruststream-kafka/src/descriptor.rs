@@ -10,9 +10,8 @@ use rdkafka::{Offset, TopicPartitionList};
 use ruststream_core::{Capabilities, Declaration, Descriptor, Publish, StartAt, SubscribeError};
 
 use crate::Kafka;
-use crate::config::{Commit, Settings};
+use crate::config::{Commit, Mode, Settings};
 use crate::context::{KafkaContext, Moves, TrackingContext};
-use crate::eos::EosPipeline;
 use crate::subscription::KafkaSubscription;
 use crate::window::Window;
 
@@ -36,7 +35,6 @@ struct Source {
     commit: Commit,
     settings: Settings,
     close_timeout: Duration,
-    pipeline: Option<EosPipeline>,
     start_at: StartAt,
 }
 
@@ -50,27 +48,16 @@ impl Source {
             commit: Commit::Auto,
             settings: Settings::default(),
             close_timeout: DEFAULT_CLOSE_TIMEOUT,
-            pipeline: None,
             start_at: StartAt::Earliest,
         }
     }
 
     fn check(&self) -> Vec<String> {
-        let mut broken = self.settings.contradictions(self.commit);
+        let mut broken = self.settings.contradictions(self.commit.mode());
         if self.group.is_empty() {
             broken.push(
                 "a Kafka subscription needs a non-empty consumer group: .group(name)".to_owned(),
             );
-        }
-        match (self.commit, &self.pipeline) {
-            (Commit::Transactional, None) => broken.push(
-                "Commit::Transactional needs an EosPipeline: .pipeline(&pipeline)".to_owned(),
-            ),
-            (Commit::Auto | Commit::Tracked, Some(p)) => broken.push(format!(
-                "the EosPipeline `{}` only serves Commit::Transactional subscriptions",
-                p.id()
-            )),
-            _ => {}
         }
         if let StartAt::Time(_) = self.start_at {
             broken.push(
@@ -165,7 +152,7 @@ impl Source {
             .set("group.id", &self.group)
             .set(
                 "enable.auto.commit",
-                if self.commit == Commit::Transactional {
+                if self.commit.mode() == Mode::Transactional {
                     "false"
                 } else {
                     "true"
@@ -198,11 +185,11 @@ impl Source {
     }
 
     async fn open(self) -> Result<KafkaSubscription, SubscribeError> {
-        let window = match &self.pipeline {
-            Some(pipeline) if self.commit == Commit::Transactional => {
+        let window = match self.commit.pipeline() {
+            Some(pipeline) => {
                 Some(Window::start(pipeline.clone(), &self.address, self.close_timeout).await?)
             }
-            _ => None,
+            None => None,
         };
         self.reachable().await?;
         let fail = |e: rdkafka::error::KafkaError| SubscribeError::new(&self.address, e);
@@ -232,7 +219,7 @@ impl Source {
         Ok(KafkaSubscription::new(
             consumer,
             moves,
-            self.commit,
+            self.commit.mode(),
             &self.address,
             self.close_timeout,
             window,
@@ -309,7 +296,8 @@ macro_rules! descriptor {
                 }
             }
 
-            /// The commit mode (default [`Commit::Auto`]).
+            /// The commit mode (default [`Commit::Auto`]); `Commit::Transactional` holds
+            /// the [`EosPipeline`](crate::EosPipeline) it commits through.
             pub fn commit(mut self, commit: Commit) -> Self {
                 self.source.commit = commit;
                 self
@@ -319,12 +307,6 @@ macro_rules! descriptor {
             /// commit mode make the app refuse to start.
             pub fn set(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
                 self.source.settings.set(key.into(), value.into());
-                self
-            }
-
-            /// The pipeline a `Commit::Transactional` subscription commits through.
-            pub fn pipeline(mut self, pipeline: &EosPipeline) -> Self {
-                self.source.pipeline = Some(pipeline.clone());
                 self
             }
 
@@ -376,11 +358,9 @@ macro_rules! descriptor {
 
             fn publisher(&self) -> Arc<dyn Publish> {
                 // Under Commit::Transactional handlers and copies produce in the window.
-                match &self.source.pipeline {
-                    Some(pipeline) if self.source.commit == Commit::Transactional => {
-                        Arc::new(pipeline.publisher())
-                    }
-                    _ => Arc::new(self.source.kafka.publisher()),
+                match self.source.commit.pipeline() {
+                    Some(pipeline) => Arc::new(pipeline.publisher()),
+                    None => Arc::new(self.source.kafka.publisher()),
                 }
             }
 

@@ -16,7 +16,7 @@ use ruststream_core::{
 
 use crate::book::Book;
 use crate::close::off_runtime;
-use crate::config::Commit;
+use crate::config::Mode;
 use crate::context::{Moves, TrackingContext};
 pub use crate::receipt::KafkaReceipt;
 use crate::window::{Tick, Window};
@@ -40,7 +40,7 @@ enum Polled<'c> {
 pub struct KafkaSubscription {
     consumer: Option<Consumer_>,
     book: Book,
-    commit: Commit,
+    commit: Mode,
     topics: AddressNames,
     address: Arc<str>,
     close_timeout: Duration,
@@ -66,7 +66,7 @@ impl KafkaSubscription {
     pub(crate) fn new(
         consumer: StreamConsumer<TrackingContext>,
         moves: Arc<Moves>,
-        commit: Commit,
+        commit: Mode,
         address: &str,
         close_timeout: Duration,
         window: Option<Window>,
@@ -175,7 +175,7 @@ impl KafkaSubscription {
         consumer: &Consumer_,
         message: &BorrowedMessage<'_>,
     ) -> (Delivery, KafkaReceipt) {
-        if self.commit == Commit::Auto
+        if self.commit == Mode::Auto
             && let Err(e) = consumer.store_offset_from_message(message)
         {
             // As librdkafka's own automatic store would, at hand-over (K2).
@@ -312,9 +312,9 @@ impl Subscription for KafkaSubscription {
 
     async fn settle(&mut self, receipt: KafkaReceipt, settle: Settle) -> Result<(), AckError> {
         match (self.commit, settle) {
-            (Commit::Auto, Settle::Redeliver) => self.rewind(&receipt),
-            (Commit::Auto, _) => Ok(()),
-            (Commit::Transactional, _) => {
+            (Mode::Auto, Settle::Redeliver) => self.rewind(&receipt),
+            (Mode::Auto, _) => Ok(()),
+            (Mode::Transactional, _) => {
                 let position = match settle {
                     Settle::Ack | Settle::Drop => self.book.settled(&receipt),
                     _ => None,
@@ -324,8 +324,8 @@ impl Subscription for KafkaSubscription {
                 }
                 Ok(())
             }
-            (Commit::Tracked, Settle::Nothing) => Ok(()),
-            (Commit::Tracked, Settle::Ack | Settle::Drop) => {
+            (Mode::Tracked, Settle::Nothing) => Ok(()),
+            (Mode::Tracked, Settle::Ack | Settle::Drop) => {
                 // Nothing to store when the position did not move, or when the delivery
                 // was read before its partition moved: the partition's next reader
                 // starts from the committed offset anyway (K5).
@@ -349,7 +349,7 @@ impl Subscription for KafkaSubscription {
                         ))
                     })
             }
-            (Commit::Tracked, other) => Err(AckError::failed(format!(
+            (Mode::Tracked, other) => Err(AckError::failed(format!(
                 "{other:?} has no meaning on Kafka"
             ))),
         }
@@ -407,7 +407,7 @@ impl Subscription for KafkaSubscription {
         let Some(consumer) = self.consumer.take() else {
             return;
         };
-        let tracked = self.commit == Commit::Tracked;
+        let tracked = self.commit == Mode::Tracked;
         off_runtime(
             "commit and close the Kafka consumer",
             self.close_timeout,

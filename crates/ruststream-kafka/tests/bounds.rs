@@ -235,7 +235,7 @@ async fn g5_transactional_windows_still_commit_while_at_max_in_flight() {
     let app = App::new()
         .register(
             on(
-                topic(&kafka, &t, &group, Commit::Transactional).pipeline(&pipeline),
+                topic(&kafka, &t, &group, Commit::Transactional(pipeline.clone())),
                 handler(Arc::clone(&script)),
             )
             .max_attempts(3)

@@ -11,7 +11,15 @@ use ruststream_kafka::{Commit, EosPipeline, Grouped, Kafka, KafkaTopic};
 
 struct Topics {
     kafka: Kafka,
-    commit: Commit,
+    mode: Mode,
+}
+
+/// Which commit mode a bed's subscriptions use.
+#[derive(Debug, Clone, Copy)]
+enum Mode {
+    Auto,
+    Tracked,
+    Transactional,
 }
 
 impl Bed for Topics {
@@ -24,16 +32,18 @@ impl Bed for Topics {
     }
 
     fn subscribe(&self, address: &str, group: &str) -> KafkaTopic<Grouped> {
-        let topic = self.kafka.topic(address);
-        // A transactional subscription commits through a pipeline of its own.
-        let topic = if self.commit == Commit::Transactional {
-            topic.pipeline(&EosPipeline::new(&self.kafka, unique("suite-tx")))
-        } else {
-            topic
+        let commit = match self.mode {
+            Mode::Auto => Commit::Auto,
+            Mode::Tracked => Commit::Tracked,
+            // A transactional subscription commits through a pipeline of its own.
+            Mode::Transactional => {
+                Commit::Transactional(EosPipeline::new(&self.kafka, unique("suite-tx")))
+            }
         };
-        topic
+        self.kafka
+            .topic(address)
             .group(format!("{address}-{group}"))
-            .commit(self.commit)
+            .commit(commit)
             .set("auto.commit.interval.ms", "100")
             .set("session.timeout.ms", "6000")
             .set("heartbeat.interval.ms", "500")
@@ -58,7 +68,7 @@ impl Bed for Topics {
     }
 
     fn label(&self) -> String {
-        format!("Kafka Commit::{:?}", self.commit)
+        format!("Kafka Commit::{:?}", self.mode)
     }
 }
 
@@ -66,7 +76,7 @@ mod tracked {
     async fn bed() -> super::Topics {
         super::Topics {
             kafka: super::kafka().await,
-            commit: ruststream_kafka::Commit::Tracked,
+            mode: super::Mode::Tracked,
         }
     }
     ruststream::conformance_tests!(bed(), keys);
@@ -76,7 +86,7 @@ mod auto {
     async fn bed() -> super::Topics {
         super::Topics {
             kafka: super::kafka().await,
-            commit: ruststream_kafka::Commit::Auto,
+            mode: super::Mode::Auto,
         }
     }
     ruststream::conformance_tests!(bed(), keys);
@@ -89,7 +99,7 @@ mod transactional {
     async fn bed() -> super::Topics {
         super::Topics {
             kafka: super::kafka().await,
-            commit: ruststream_kafka::Commit::Transactional,
+            mode: super::Mode::Transactional,
         }
     }
     ruststream::conformance_tests!(bed(), keys);

@@ -28,8 +28,7 @@ fn transactional(
     kafka
         .topic(topic)
         .group(group)
-        .commit(Commit::Transactional)
-        .pipeline(pipeline)
+        .commit(Commit::Transactional(pipeline.clone()))
         .set("session.timeout.ms", "6000")
         .set("heartbeat.interval.ms", "500")
 }
@@ -344,28 +343,19 @@ async fn k6_a_second_pipeline_with_the_same_id_fences_the_first_which_stops() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn k6_a_pipeline_serves_one_subscription_and_transactional_needs_one() {
+async fn k6_a_transactional_subscription_refuses_auto_commit_and_a_pipeline_serves_one() {
     let kafka = kafka().await;
     let pipeline = EosPipeline::new(&kafka, unique("tx"));
     let handler = |_d: Delivery| async { HandlerOutcome::ack() };
+    // A transactional subscription without a pipeline cannot be written
+    // (`Commit::Transactional` holds it: a compile_fail doc test on `Commit`).
     let err = App::new()
-        .register(
-            on(
-                kafka.topic("a").group("g").commit(Commit::Transactional),
-                handler,
-            )
-            .name("no-pipeline"),
-        )
-        .register(
-            on(kafka.topic("b").group("g").pipeline(&pipeline), handler).name("not-transactional"),
-        )
         .register(
             on(
                 kafka
                     .topic("c")
                     .group("g")
-                    .commit(Commit::Transactional)
-                    .pipeline(&pipeline)
+                    .commit(Commit::Transactional(pipeline.clone()))
                     .set("enable.auto.commit", "true"),
                 handler,
             )
@@ -376,12 +366,38 @@ async fn k6_a_pipeline_serves_one_subscription_and_transactional_needs_one() {
         .unwrap_err()
         .to_string();
     assert!(
-        err.contains("`no-pipeline` on `a`: Commit::Transactional needs an EosPipeline"),
+        err.contains("`auto-commit` on `c`") && err.contains("enable.auto.commit=true"),
         "{err}"
     );
-    assert!(err.contains("`not-transactional` on `b`"), "{err}");
+
+    // One pipeline, two subscriptions: the second is refused at start, by name.
+    let (first, second) = (unique("in"), unique("in"));
+    create_topic(&first, 1).await;
+    create_topic(&second, 1).await;
+    let err = App::new()
+        .register(
+            on(
+                transactional(&kafka, &first, &unique("g"), &pipeline),
+                handler,
+            )
+            .name("one"),
+        )
+        .register(
+            on(
+                transactional(&kafka, &second, &unique("g"), &pipeline),
+                handler,
+            )
+            .name("two"),
+        )
+        .start()
+        .await
+        .unwrap_err()
+        .to_string();
     assert!(
-        err.contains("`auto-commit` on `c`") && err.contains("enable.auto.commit=true"),
+        err.contains(&format!(
+            "the EosPipeline `{}` already serves another subscription",
+            pipeline.id()
+        )),
         "{err}"
     );
 }

@@ -145,7 +145,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             // The same transactional id in every life: a new life fences the killed one.
             let kafka = Kafka::connect(url)?;
             let pipeline = EosPipeline::new(&kafka, format!("{group}-tx"));
-            let topic = kafka_topic(url, address, group, Commit::Transactional)?.pipeline(&pipeline);
+            let topic = kafka_topic(url, address, group, Commit::Transactional(pipeline))?;
             serve(topic, mode).await
         }
         "pulsar" => {

@@ -44,8 +44,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             kafka
                 .topic(input)
                 .group(group)
-                .commit(Commit::Transactional)
-                .pipeline(&pipeline)
+                .commit(Commit::Transactional(pipeline))
                 .set("session.timeout.ms", "6000")
                 .set("heartbeat.interval.ms", "500"),
             handler,
