@@ -30,7 +30,8 @@ struct Tick {
 
 const PAYLOAD: &[u8] = br#"{"id":123456,"price":4200,"qty":7,"buy":true}"#;
 /// Messages per side and rounds: `BENCH_MESSAGES` (Core; JetStream gets half) and
-/// `BENCH_ROUNDS` change them, `BENCH_ONLY=core` leaves JetStream out (for callgrind).
+/// `BENCH_ROUNDS` change them, `BENCH_ONLY=core` leaves JetStream out and
+/// `BENCH_ONLY=jetstream` leaves Core out (for callgrind).
 static CORE_MESSAGES: LazyLock<usize> = LazyLock::new(|| env_count("BENCH_MESSAGES", 200_000));
 static JS_MESSAGES: LazyLock<usize> = LazyLock::new(|| *CORE_MESSAGES / 2);
 static ROUNDS: LazyLock<usize> = LazyLock::new(|| env_count("BENCH_ROUNDS", 3));
@@ -241,8 +242,20 @@ async fn main() {
     let service = Nats::connect(&url).await.expect("connect");
     let load = load_average();
     let mut figures: [Vec<Figures>; 5] = Default::default();
-    let core_only = std::env::var("BENCH_ONLY").is_ok_and(|v| v == "core");
+    let only = std::env::var("BENCH_ONLY").unwrap_or_default();
+    let (core_only, jetstream_only) = (only == "core", only == "jetstream");
     for round in 0..*ROUNDS {
+        if jetstream_only {
+            let (raw, fw) = in_turn(
+                round,
+                || jetstream_raw(&service, round),
+                || jetstream_framework(&service, round),
+            )
+            .await;
+            figures[2].push(raw);
+            figures[3].push(fw);
+            continue;
+        }
         // Alternate the order so neither side always runs on a warmer server.
         let (raw, fw) = in_turn(
             round,
@@ -267,6 +280,18 @@ async fn main() {
         figures[3].push(fw);
     }
     let load = format!("{load} at start, {} at end", load_average());
+    if jetstream_only {
+        println!(
+            "{}",
+            report(
+                &format!("nats/jetstream pull+ack ({} messages)", *JS_MESSAGES),
+                &figures[2],
+                &figures[3],
+                &load
+            )
+        );
+        return;
+    }
     println!(
         "{}",
         report(

@@ -16,7 +16,7 @@ use ruststream_core::{
 };
 use tokio::task::JoinHandle;
 
-use crate::ack_reply::AckInfo;
+use crate::ack_reply::AckReader;
 use crate::headers::from_nats;
 use crate::keepalive::{InProgress, Running, keep_alive, lock};
 use crate::publish::NatsPublisher;
@@ -238,6 +238,7 @@ impl Descriptor for JetStreamConsumer {
             messages,
             address: Arc::from(address.as_str()),
             double_ack: self.double_ack,
+            acks: AckReader::default(),
             in_progress,
             keepalive,
         })
@@ -322,6 +323,8 @@ pub struct JetStreamSubscription {
     messages: pull::Stream,
     address: Arc<str>,
     double_ack: bool,
+    /// Reads each delivery's reply subject.
+    acks: AckReader,
     /// Running deliveries, when the keepalive is on.
     in_progress: Option<InProgress>,
     keepalive: Option<JoinHandle<()>>,
@@ -383,15 +386,21 @@ impl Subscription for JetStreamSubscription {
                 Ok(message) => message,
                 Err(e) => return Some(Err(SubscribeError::new(&*self.address, e))),
             };
-            let message: async_nats::Message = message.into();
-            let Some(reply) = message.reply.clone() else {
+            let async_nats::Message {
+                subject,
+                reply,
+                payload,
+                headers,
+                ..
+            } = message.into();
+            let Some(reply) = reply else {
                 tracing::warn!(
                     address = &*self.address,
                     "skipping a message without a JetStream reply subject"
                 );
                 continue;
             };
-            let Some(info) = AckInfo::parse(reply.as_str()) else {
+            let Some(info) = self.acks.read(reply.as_str()) else {
                 tracing::warn!(
                     address = &*self.address,
                     reply = reply.as_str(),
@@ -416,13 +425,13 @@ impl Subscription for JetStreamSubscription {
                     },
                 );
             }
-            let address = if *self.address == *message.subject.as_str() {
+            let address = if *self.address == *subject.as_str() {
                 Arc::clone(&self.address)
             } else {
-                Arc::from(message.subject.as_str())
+                Arc::from(subject.as_str())
             };
-            let delivery = Delivery::new(address, message.payload)
-                .with_headers(from_nats(message.headers.as_ref()))
+            let delivery = Delivery::new(address, payload)
+                .with_headers(from_nats(headers.as_ref()))
                 .with_metadata(metadata)
                 .with_attempt(Attempt::from_broker(delivered));
             return Some(Ok((delivery, (tag, reply))));
