@@ -220,6 +220,11 @@ impl Source {
             consumer,
             moves,
             self.commit.mode(),
+            // A name beginning with `^` is a pattern librdkafka matches against many.
+            match &self.selection {
+                Selection::Topic(topic) if !topic.starts_with('^') => Some(topic.as_str()),
+                _ => None,
+            },
             &self.address,
             self.close_timeout,
             window,

@@ -42,6 +42,9 @@ pub struct KafkaSubscription {
     book: Book,
     commit: Mode,
     topics: AddressNames,
+    /// The one topic a `KafkaTopic` reads: every record's topic, so the record's own name
+    /// (a C string, measured and checked as UTF-8 on every read) is not asked for.
+    only_topic: Option<Arc<str>>,
     address: Arc<str>,
     close_timeout: Duration,
     window: Option<Window>,
@@ -67,6 +70,7 @@ impl KafkaSubscription {
         consumer: StreamConsumer<TrackingContext>,
         moves: Arc<Moves>,
         commit: Mode,
+        only_topic: Option<&str>,
         address: &str,
         close_timeout: Duration,
         window: Option<Window>,
@@ -76,6 +80,7 @@ impl KafkaSubscription {
             book: Book::new(moves),
             commit,
             topics: AddressNames::default(),
+            only_topic: only_topic.map(Arc::from),
             address: Arc::from(address),
             close_timeout,
             window,
@@ -85,7 +90,10 @@ impl KafkaSubscription {
     }
 
     fn delivery(&mut self, message: &BorrowedMessage<'_>) -> (Delivery, KafkaReceipt) {
-        let topic = self.topics.get(message.topic());
+        let topic = match &self.only_topic {
+            Some(topic) => Arc::clone(topic),
+            None => self.topics.get(message.topic()),
+        };
         let headers: Headers = message
             .headers()
             .map(|h| {
