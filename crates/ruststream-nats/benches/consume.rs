@@ -243,9 +243,24 @@ async fn main() {
     let load = load_average();
     let mut figures: [Vec<Figures>; 5] = Default::default();
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
-    let (core_only, jetstream_only) = (only == "core", only == "jetstream");
+    let (core, jetstream) = (only != "jetstream", only != "core");
     for round in 0..*ROUNDS {
-        if jetstream_only {
+        if core {
+            // Alternate the order so neither side always runs on a warmer server.
+            let (raw, fw) = in_turn(
+                round,
+                || core_raw(&nats, &service, round),
+                || core_framework(&nats, &service, round, false),
+            )
+            .await;
+            figures[0].push(raw);
+            figures[1].push(fw);
+        }
+        if core && jetstream {
+            // The same with metrics on (issue #14), compared with the run just above.
+            figures[4].push(core_framework(&nats, &service, round, true).await);
+        }
+        if jetstream {
             let (raw, fw) = in_turn(
                 round,
                 || jetstream_raw(&service, round),
@@ -254,75 +269,24 @@ async fn main() {
             .await;
             figures[2].push(raw);
             figures[3].push(fw);
-            continue;
         }
-        // Alternate the order so neither side always runs on a warmer server.
-        let (raw, fw) = in_turn(
-            round,
-            || core_raw(&nats, &service, round),
-            || core_framework(&nats, &service, round, false),
-        )
-        .await;
-        figures[0].push(raw);
-        figures[1].push(fw);
-        if core_only {
-            continue;
-        }
-        // The same with metrics on (issue #14), compared with the run just above.
-        figures[4].push(core_framework(&nats, &service, round, true).await);
-        let (raw, fw) = in_turn(
-            round,
-            || jetstream_raw(&service, round),
-            || jetstream_framework(&service, round),
-        )
-        .await;
-        figures[2].push(raw);
-        figures[3].push(fw);
     }
     let load = format!("{load} at start, {} at end", load_average());
-    if jetstream_only {
-        println!(
-            "{}",
-            report(
-                &format!("nats/jetstream pull+ack ({} messages)", *JS_MESSAGES),
-                &figures[2],
-                &figures[3],
-                &load
-            )
-        );
-        return;
+    let core_title = format!("nats/core consume ({} messages)", *CORE_MESSAGES);
+    let jetstream_title = format!("nats/jetstream pull+ack ({} messages)", *JS_MESSAGES);
+    let metrics_title = format!(
+        "nats/core metrics off (as raw) vs on (as ruststream) ({} messages)",
+        *CORE_MESSAGES
+    );
+    let reports = [
+        (core, core_title, 0, 1),
+        (jetstream, jetstream_title, 2, 3),
+        (core && jetstream, metrics_title, 1, 4),
+    ];
+    for (wanted, title, first, second) in reports {
+        if wanted {
+            let report = report(&title, &figures[first], &figures[second], &load);
+            println!("{report}");
+        }
     }
-    println!(
-        "{}",
-        report(
-            &format!("nats/core consume ({} messages)", *CORE_MESSAGES),
-            &figures[0],
-            &figures[1],
-            &load
-        )
-    );
-    if core_only {
-        return;
-    }
-    println!(
-        "{}",
-        report(
-            &format!("nats/jetstream pull+ack ({} messages)", *JS_MESSAGES),
-            &figures[2],
-            &figures[3],
-            &load
-        )
-    );
-    println!(
-        "{}",
-        report(
-            &format!(
-                "nats/core metrics off (as raw) vs on (as ruststream) ({} messages)",
-                *CORE_MESSAGES
-            ),
-            &figures[1],
-            &figures[4],
-            &load
-        )
-    );
 }
