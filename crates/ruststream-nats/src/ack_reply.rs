@@ -22,7 +22,8 @@ enum Form {
 /// Reads the reply subjects of one consumer. They all begin alike (the same stream and
 /// consumer, in the same form), so the beginning is learned from the first one, and
 /// each later subject is read as that beginning (one comparison) and the numbers after
-/// it: about 200 instructions where splitting the whole subject costs five times that.
+/// it: about 600 instructions a delivery (callgrind) where splitting the whole subject
+/// with `str::split` and `str::parse` cost about 1,500.
 #[derive(Debug, Default)]
 pub(crate) struct AckReader {
     /// Everything before the numbers, as the last fully read subject had it.
