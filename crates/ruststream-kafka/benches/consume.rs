@@ -12,7 +12,7 @@
 use std::sync::{Arc, Mutex};
 
 use ruststream_test_support::bench::{
-    Figures, Span, env_count, in_turn, load_average, own_thread, report,
+    Figures, Side, Span, env_count, in_turn, load_average, own_thread, report,
 };
 use std::time::{Duration, Instant};
 
@@ -60,7 +60,7 @@ fn settings(config: &mut ClientConfig) -> &mut ClientConfig {
 
 /// The loop a user would write: receive, decode, store the offset through the message.
 async fn raw(brokers: String, topic: String, group: String) -> Figures {
-    own_thread(move || async move {
+    own_thread(Side::Raw, move || async move {
         let consumer: StreamConsumer = settings(
             ClientConfig::new()
                 .set("bootstrap.servers", &brokers)
@@ -85,7 +85,7 @@ async fn raw(brokers: String, topic: String, group: String) -> Figures {
 }
 
 async fn framework(kafka: Kafka, topic: String, group: String) -> Figures {
-    own_thread(move || async move {
+    own_thread(Side::Ruststream, move || async move {
         let span = Span::new(*RECORDS);
         let running = App::new()
             .state(Arc::clone(&span))

@@ -15,7 +15,7 @@ use ruststream::{App, HandlerOutcome, Message, State, on};
 use ruststream_nats::Nats;
 use ruststream_nats::async_nats::jetstream::{self, consumer::pull, stream};
 use ruststream_test_support::bench::{
-    Figures, Span, env_count, in_turn, load_average, own_thread, report,
+    Figures, Side, Span, env_count, in_turn, load_average, own_thread, report,
 };
 use serde::Deserialize;
 
@@ -76,7 +76,7 @@ async fn core_raw(publisher: &Nats, service: &Nats, round: usize) -> Figures {
     let client = service.client().clone();
     let (consumer_span, consumer_subject) = (Arc::clone(&span), subject.clone());
     let (ready_tx, ready) = tokio::sync::oneshot::channel();
-    let consumer = tokio::spawn(own_thread(move || async move {
+    let consumer = tokio::spawn(own_thread(Side::Raw, move || async move {
         let mut sub = client.subscribe(consumer_subject).await.unwrap();
         client.flush().await.unwrap();
         let _ = ready_tx.send(());
@@ -110,7 +110,7 @@ async fn core_framework(publisher: &Nats, service: &Nats, round: usize, metrics:
     let (service, consumer_span, consumer_subject) =
         (service.clone(), Arc::clone(&span), subject.clone());
     let (ready_tx, ready) = tokio::sync::oneshot::channel();
-    let consumer = tokio::spawn(own_thread(move || async move {
+    let consumer = tokio::spawn(own_thread(Side::Ruststream, move || async move {
         let app = App::new()
             .state(Arc::clone(&consumer_span))
             .register(on(service.subject(&consumer_subject), handle));
@@ -179,7 +179,7 @@ async fn jetstream_raw(nats: &Nats, round: usize) -> Figures {
     let name = format!("BENCH_RAW_{round}_{}", std::process::id());
     let stream = prefill(nats, &name).await;
     let consumer_stream = stream.clone();
-    let figures = own_thread(move || async move {
+    let figures = own_thread(Side::Raw, move || async move {
         let consumer: jetstream::consumer::PullConsumer = consumer_stream
             .create_consumer(pull::Config {
                 durable_name: Some("raw".into()),
@@ -210,7 +210,7 @@ async fn jetstream_framework(nats: &Nats, round: usize) -> Figures {
     let name = format!("BENCH_FW_{round}_{}", std::process::id());
     let stream = prefill(nats, &name).await;
     let (service, consumer_name) = (nats.clone(), name.clone());
-    let figures = own_thread(move || async move {
+    let figures = own_thread(Side::Ruststream, move || async move {
         let span = Span::new(*JS_MESSAGES);
         let running = App::new()
             .state(Arc::clone(&span))

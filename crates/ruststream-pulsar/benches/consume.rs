@@ -6,13 +6,14 @@
 //!
 //! Run with `cargo bench -p ruststream-pulsar --bench consume`.
 
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use ruststream::Headers;
 use ruststream_pulsar::{Pulsar, SubType};
 use ruststream_test_support::bench::{
-    Figures, Span, in_turn, load_average, own_thread, report, through_app,
+    Figures, Side, Span, env_count, in_turn, load_average, own_thread, report, through_app,
 };
 use serde::Deserialize;
 
@@ -26,8 +27,10 @@ struct Tick {
 }
 
 const PAYLOAD: &[u8] = br#"{"id":123456,"price":4200,"qty":7,"buy":true}"#;
-const MESSAGES: usize = 20_000;
-const ROUNDS: usize = 3;
+/// Messages per side and rounds; `BENCH_MESSAGES` and `BENCH_ROUNDS` change them (a
+/// callgrind run wants fewer: `scripts/bench-callgrind-transport`).
+static MESSAGES: LazyLock<usize> = LazyLock::new(|| env_count("BENCH_MESSAGES", 20_000));
+static ROUNDS: LazyLock<usize> = LazyLock::new(|| env_count("BENCH_ROUNDS", 3));
 const LIMIT: Duration = Duration::from_secs(300);
 
 /// Subscriptions made after the messages were sent start from the first one.
@@ -38,7 +41,7 @@ fn earliest() -> pulsar::ConsumerOptions {
 
 async fn fill(pulsar: &Pulsar, topic: &str) {
     let publisher = pulsar.publisher();
-    for _ in 0..MESSAGES {
+    for _ in 0..*MESSAGES {
         publisher
             .send(topic, None, &Headers::new(), PAYLOAD.to_vec())
             .await
@@ -48,7 +51,7 @@ async fn fill(pulsar: &Pulsar, topic: &str) {
 
 /// The loop a user would write: next, decode, ack.
 async fn raw(pulsar: Pulsar, topic: String) -> Figures {
-    own_thread(move || async move {
+    own_thread(Side::Raw, move || async move {
         let mut consumer: pulsar::Consumer<Vec<u8>, pulsar::TokioExecutor> = pulsar
             .client()
             .consumer()
@@ -59,8 +62,8 @@ async fn raw(pulsar: Pulsar, topic: String) -> Figures {
             .build()
             .await
             .expect("consumer");
-        let span = Span::new(MESSAGES);
-        for _ in 0..MESSAGES {
+        let span = Span::new(*MESSAGES);
+        for _ in 0..*MESSAGES {
             let message = consumer.next().await.expect("open").expect("message");
             let tick: Tick = serde_json::from_slice(&message.payload.data).expect("decodes");
             std::hint::black_box(tick);
@@ -75,7 +78,7 @@ async fn raw(pulsar: Pulsar, topic: String) -> Figures {
 }
 
 async fn framework(pulsar: Pulsar, topic: String) -> Figures {
-    through_app(MESSAGES, LIMIT, move || {
+    through_app(*MESSAGES, LIMIT, move || {
         pulsar
             .topic(topic)
             .subscription("framework")
@@ -94,7 +97,7 @@ async fn main() {
         .expect("connect");
     let load = load_average();
     let (mut raws, mut frameworks) = (Vec::new(), Vec::new());
-    for round in 0..ROUNDS {
+    for round in 0..*ROUNDS {
         let topic = format!(
             "persistent://public/default/bench-{}-{round}",
             std::process::id()
@@ -113,7 +116,7 @@ async fn main() {
     println!(
         "{}",
         report(
-            &format!("pulsar/consume (Shared, ack, {MESSAGES} messages)"),
+            &format!("pulsar/consume (Shared, ack, {} messages)", *MESSAGES),
             &raws,
             &frameworks,
             &format!("{load} at start, {} at end", load_average())

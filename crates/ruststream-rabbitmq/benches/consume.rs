@@ -5,6 +5,7 @@
 //!
 //! Run with `cargo bench -p ruststream-rabbitmq --bench consume`.
 
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -13,11 +14,14 @@ use lapin::types::{FieldTable, ShortString};
 use ruststream::Headers;
 use ruststream_rabbitmq::{DEFAULT_PREFETCH, QueueKind, RabbitMq, lapin};
 use ruststream_test_support::bench::{
-    Figures, PAYLOAD, Span, Tick, in_turn, load_average, own_thread, report, through_app,
+    Figures, PAYLOAD, Side, Span, Tick, env_count, in_turn, load_average, own_thread, report,
+    through_app,
 };
 
-const MESSAGES: usize = 20_000;
-const ROUNDS: usize = 3;
+/// Messages per side and rounds; `BENCH_MESSAGES` and `BENCH_ROUNDS` change them (a
+/// callgrind run wants fewer: `scripts/bench-callgrind-transport`).
+static MESSAGES: LazyLock<usize> = LazyLock::new(|| env_count("BENCH_MESSAGES", 20_000));
+static ROUNDS: LazyLock<usize> = LazyLock::new(|| env_count("BENCH_ROUNDS", 3));
 const LIMIT: Duration = Duration::from_secs(300);
 
 async fn fill(rabbit: &RabbitMq, queue: &str) {
@@ -26,7 +30,7 @@ async fn fill(rabbit: &RabbitMq, queue: &str) {
         .await
         .expect("declared");
     let publisher = rabbit.publisher();
-    for _ in 0..MESSAGES {
+    for _ in 0..*MESSAGES {
         publisher
             .send(queue, &Headers::new(), PAYLOAD)
             .await
@@ -36,7 +40,7 @@ async fn fill(rabbit: &RabbitMq, queue: &str) {
 
 /// The loop a user would write: next, decode, ack, with the same prefetch.
 async fn raw(rabbit: RabbitMq, queue: String) -> Figures {
-    own_thread(move || async move {
+    own_thread(Side::Raw, move || async move {
         let channel = rabbit.connection().create_channel().await.expect("channel");
         channel
             .basic_qos(DEFAULT_PREFETCH, BasicQosOptions::default())
@@ -51,8 +55,8 @@ async fn raw(rabbit: RabbitMq, queue: String) -> Figures {
             )
             .await
             .expect("consumer");
-        let span = Span::new(MESSAGES);
-        for _ in 0..MESSAGES {
+        let span = Span::new(*MESSAGES);
+        for _ in 0..*MESSAGES {
             let delivery = consumer.next().await.expect("open").expect("delivery");
             let tick: Tick = serde_json::from_slice(&delivery.data).expect("decodes");
             std::hint::black_box(tick);
@@ -70,7 +74,7 @@ async fn raw(rabbit: RabbitMq, queue: String) -> Figures {
 }
 
 async fn framework(rabbit: RabbitMq, queue: String) -> Figures {
-    through_app(MESSAGES, LIMIT, move || rabbit.queue(queue)).await
+    through_app(*MESSAGES, LIMIT, move || rabbit.queue(queue)).await
 }
 
 #[tokio::main]
@@ -80,7 +84,7 @@ async fn main() {
     let rabbit = RabbitMq::connect(&url).await.expect("connect");
     let load = load_average();
     let (mut raws, mut frameworks) = (Vec::new(), Vec::new());
-    for round in 0..ROUNDS {
+    for round in 0..*ROUNDS {
         let (raw_queue, framework_queue) = (
             format!("bench-raw-{}-{round}", std::process::id()),
             format!("bench-framework-{}-{round}", std::process::id()),
@@ -99,7 +103,10 @@ async fn main() {
     println!(
         "{}",
         report(
-            &format!("rabbitmq/consume (classic queue, ack, {MESSAGES} messages)"),
+            &format!(
+                "rabbitmq/consume (classic queue, ack, {} messages)",
+                *MESSAGES
+            ),
             &raws,
             &frameworks,
             &format!("{load} at start, {} at end", load_average())

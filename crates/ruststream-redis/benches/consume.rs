@@ -6,6 +6,7 @@
 //!
 //! Run with `cargo bench -p ruststream-redis --bench consume`.
 
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use redis::AsyncCommands;
@@ -13,16 +14,19 @@ use redis::streams::{StreamReadOptions, StreamReadReply};
 use ruststream::Headers;
 use ruststream_redis::{DEFAULT_BATCH, Redis, redis};
 use ruststream_test_support::bench::{
-    Figures, PAYLOAD, Span, Tick, in_turn, load_average, own_thread, report, through_app,
+    Figures, PAYLOAD, Side, Span, Tick, env_count, in_turn, load_average, own_thread, report,
+    through_app,
 };
 
-const MESSAGES: usize = 20_000;
-const ROUNDS: usize = 3;
+/// Messages per side and rounds; `BENCH_MESSAGES` and `BENCH_ROUNDS` change them (a
+/// callgrind run wants fewer: `scripts/bench-callgrind-transport`).
+static MESSAGES: LazyLock<usize> = LazyLock::new(|| env_count("BENCH_MESSAGES", 20_000));
+static ROUNDS: LazyLock<usize> = LazyLock::new(|| env_count("BENCH_ROUNDS", 3));
 const LIMIT: Duration = Duration::from_secs(300);
 
 async fn fill(redis: &Redis, stream: &str) {
     let publisher = redis.publisher();
-    for _ in 0..MESSAGES {
+    for _ in 0..*MESSAGES {
         publisher
             .send(stream, &Headers::new(), PAYLOAD)
             .await
@@ -32,7 +36,7 @@ async fn fill(redis: &Redis, stream: &str) {
 
 /// The loop a user would write: read a batch as the group, decode and ack each entry.
 async fn raw(redis: Redis, stream: String) -> Figures {
-    own_thread(move || async move {
+    own_thread(Side::Raw, move || async move {
         let mut connection = redis.connection();
         let () = redis::cmd("XGROUP")
             .arg("CREATE")
@@ -46,9 +50,9 @@ async fn raw(redis: Redis, stream: String) -> Figures {
             .group("raw", "raw-1")
             .count(DEFAULT_BATCH)
             .block(1_000);
-        let span = Span::new(MESSAGES);
+        let span = Span::new(*MESSAGES);
         let mut handled = 0;
-        while handled < MESSAGES {
+        while handled < *MESSAGES {
             let reply: StreamReadReply = connection
                 .xread_options(&[&stream], &[">"], &options)
                 .await
@@ -73,7 +77,7 @@ async fn raw(redis: Redis, stream: String) -> Figures {
 }
 
 async fn framework(redis: Redis, stream: String) -> Figures {
-    through_app(MESSAGES, LIMIT, move || redis.stream(stream, "framework")).await
+    through_app(*MESSAGES, LIMIT, move || redis.stream(stream, "framework")).await
 }
 
 #[tokio::main]
@@ -83,7 +87,7 @@ async fn main() {
     let redis = Redis::connect(&url).await.expect("connect");
     let load = load_average();
     let (mut raws, mut frameworks) = (Vec::new(), Vec::new());
-    for round in 0..ROUNDS {
+    for round in 0..*ROUNDS {
         let (raw_stream, framework_stream) = (
             format!("bench-raw-{}-{round}", std::process::id()),
             format!("bench-framework-{}-{round}", std::process::id()),
@@ -102,7 +106,10 @@ async fn main() {
     println!(
         "{}",
         report(
-            &format!("redis/consume (one stream and group, ack, {MESSAGES} messages)"),
+            &format!(
+                "redis/consume (one stream and group, ack, {} messages)",
+                *MESSAGES
+            ),
             &raws,
             &frameworks,
             &format!("{load} at start, {} at end", load_average())

@@ -128,10 +128,21 @@ pub struct Figures {
     pub expected: usize,
 }
 
+/// Which side of a round a consumer thread runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// The loop a user would write with the raw client.
+    Raw,
+    /// An app with one registration.
+    Ruststream,
+}
+
 /// Runs `consumer` on a thread of its own, in a current-thread tokio runtime: what it
 /// spawns (an app's driver and lanes) runs on that thread too, so the thread's CPU time
-/// is the consumer's alone.
-pub async fn own_thread<T, F>(consumer: impl FnOnce() -> F + Send + 'static) -> T
+/// is the consumer's alone. The thread's whole work runs inside a function named after
+/// `side` ([`raw_side`] or [`ruststream_side`]), so callgrind counts each side's thread
+/// apart (`scripts/bench-callgrind-transport`).
+pub async fn own_thread<T, F>(side: Side, consumer: impl FnOnce() -> F + Send + 'static) -> T
 where
     T: Send + 'static,
     F: Future<Output = T>,
@@ -140,15 +151,36 @@ where
     std::thread::Builder::new()
         .name("consumer".to_owned())
         .spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a runtime");
-            let _ = tx.send(runtime.block_on(consumer()));
+            let run = move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("a runtime");
+                runtime.block_on(consumer())
+            };
+            let _ = tx.send(match side {
+                Side::Raw => raw_side(run),
+                Side::Ruststream => ruststream_side(run),
+            });
         })
         .expect("a consumer thread");
     rx.await
         .expect("the consumer thread ended without an answer")
+}
+
+/// Everything a raw-client consumer thread does (callgrind counts under this name).
+#[inline(never)]
+pub fn raw_side<T>(run: impl FnOnce() -> T) -> T {
+    // Not the same body as `ruststream_side`, which the compiler would merge with it.
+    std::hint::black_box(Side::Raw);
+    run()
+}
+
+/// Everything a ruststream consumer thread does (callgrind counts under this name).
+#[inline(never)]
+pub fn ruststream_side<T>(run: impl FnOnce() -> T) -> T {
+    std::hint::black_box(Side::Ruststream);
+    run()
 }
 
 /// The ruststream side of a round: an app with one registration of the descriptor
@@ -162,7 +194,7 @@ pub async fn through_app<D>(
 where
     D: ruststream::core::Descriptor,
 {
-    own_thread(move || async move {
+    own_thread(Side::Ruststream, move || async move {
         let span = Span::new(messages);
         let running = ruststream::App::new()
             .state(Arc::clone(&span))
