@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use ruststream::memory::MemoryBroker;
 use ruststream::middleware::Completion;
 use ruststream::testing::TestApp;
-use ruststream::{App, Backoff, HandlerOutcome, Meta, RETRY_COUNT_HEADER, on};
+use ruststream::{App, Backoff, HandlerOutcome, Meta, RETRY_COUNT_HEADER, State, on};
 
 static LOG: OnceLock<Mutex<Vec<u8>>> = OnceLock::new();
 
@@ -191,4 +191,45 @@ async fn g5_parked_retry_afters_stop_fetching_at_max_in_flight() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(test.calls().len(), 100, "nothing fetched past the bound");
     test.stop().await;
+}
+
+/// A broker with a backlog answers every fetch at once. The subscription's driver must
+/// still give its thread back now and then (tokio's cooperative budget), or a backlog
+/// keeps everything else on that thread waiting until it is gone: timers, handler
+/// deadlines, other registrations, the health endpoint.
+#[tokio::test]
+async fn a_backlog_does_not_keep_the_thread_from_other_tasks() {
+    const BACKLOG: usize = 10_000;
+    let broker = MemoryBroker::with_capacity(BACKLOG + 1);
+    let message = ruststream::core::Outgoing::new("backlog", bytes::Bytes::from_static(b"1"));
+    for _ in 0..BACKLOG {
+        broker.publish(message.clone()).await;
+    }
+    let handled = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = |State(handled): State<std::sync::Arc<std::sync::atomic::AtomicUsize>>| async move {
+        handled.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        HandlerOutcome::ack()
+    };
+    let running = App::new()
+        .state(std::sync::Arc::clone(&handled))
+        .register(on(broker.topic("backlog"), count))
+        .start()
+        .await
+        .unwrap();
+    // This test's runtime has one thread: a task spawned now runs when the driver, queued
+    // before it, gives the thread back.
+    let probe = std::sync::Arc::clone(&handled);
+    let seen = tokio::spawn(async move { probe.load(std::sync::atomic::Ordering::Relaxed) })
+        .await
+        .unwrap();
+    assert!(
+        seen < BACKLOG / 10,
+        "the driver kept the thread for {seen} of {BACKLOG} deliveries"
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while handled.load(std::sync::atomic::Ordering::Relaxed) < BACKLOG {
+        assert!(Instant::now() < deadline, "the backlog drained");
+        tokio::task::yield_now().await;
+    }
+    running.stop().await;
 }

@@ -369,7 +369,17 @@ where
     if stop.changed_to_stop(cx) {
         return Poll::Ready(Event::Stop);
     }
+    // A broker with a backlog answers every fetch at once, and most clients' fetches
+    // (librdkafka's queue, the memory broker) take nothing from tokio's cooperative
+    // budget: each takes a unit here, so the driver gives its thread back every so many
+    // deliveries instead of only when the backlog is gone (the runtime's other tasks,
+    // timers and handler deadlines included, would wait that long).
+    let Poll::Ready(budget) = tokio::task::coop::poll_proceed(cx) else {
+        // Out of budget: this task is woken again at once, behind the others.
+        return Poll::Pending;
+    };
     if let Poll::Ready(fetched) = fetch.poll(cx) {
+        budget.made_progress();
         return Poll::Ready(match fetched {
             Some(Some(Ok((delivery, receipt)))) => Event::Fetched(set.job(delivery, receipt)),
             Some(Some(Err(error))) => Event::FetchFailed(error),
