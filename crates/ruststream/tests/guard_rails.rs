@@ -1,5 +1,5 @@
 //! The guard rails beyond the seeds (SPEC G1, G2) on the memory broker, through the
-//! production runtime.
+//! production runtime, and a backlog that must not keep the runtime's thread.
 
 use std::io::Write;
 use std::sync::{Mutex, OnceLock, PoisonError};
