@@ -151,6 +151,64 @@ impl Delivery {
         }
     }
 
+    /// A delivery with no address and no payload, to be refilled: the slot a
+    /// [`Subscription::next_into`](crate::Subscription::next_into) writes into.
+    pub fn empty() -> Self {
+        Self::new(Arc::from(""), Bytes::new())
+    }
+
+    /// Makes this a first-attempt delivery from `address` in place, as [`Delivery::new`]
+    /// would build it (what it held before is dropped); the `set_*` methods fill the rest.
+    /// A transport's [`Subscription::next_into`](crate::Subscription::next_into) writes
+    /// each message into the delivery the runtime hands it this way, so a delivery is
+    /// built where it stays instead of being moved there.
+    #[inline]
+    pub fn refill(&mut self, address: Arc<str>, payload: Bytes) -> &mut Self {
+        self.payload = payload;
+        self.headers = Headers::new();
+        self.key = None;
+        self.address = address;
+        self.metadata = Metadata::default();
+        self.attempt = Attempt::from_broker(1);
+        self.reply_to = None;
+        self
+    }
+
+    /// Sets the headers in place.
+    #[inline]
+    pub fn set_headers(&mut self, headers: Headers) -> &mut Self {
+        self.headers = headers;
+        self
+    }
+
+    /// Sets the key in place.
+    #[inline]
+    pub fn set_key(&mut self, key: Option<Bytes>) -> &mut Self {
+        self.key = key;
+        self
+    }
+
+    /// Sets the broker metadata in place.
+    #[inline]
+    pub fn set_metadata(&mut self, metadata: Metadata) -> &mut Self {
+        self.metadata = metadata;
+        self
+    }
+
+    /// Sets the attempt in place.
+    #[inline]
+    pub fn set_attempt(&mut self, attempt: Attempt) -> &mut Self {
+        self.attempt = attempt;
+        self
+    }
+
+    /// Sets the reply address in place.
+    #[inline]
+    pub fn set_reply_to(&mut self, reply_to: Option<Arc<str>>) -> &mut Self {
+        self.reply_to = reply_to;
+        self
+    }
+
     /// Sets the address a reply goes to (a NATS request's reply subject).
     #[inline]
     pub fn with_reply_to(mut self, reply_to: Option<Arc<str>>) -> Self {

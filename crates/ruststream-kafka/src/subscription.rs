@@ -89,7 +89,7 @@ impl KafkaSubscription {
         }
     }
 
-    fn delivery(&mut self, message: &BorrowedMessage<'_>) -> (Delivery, KafkaReceipt) {
+    fn delivery(&mut self, message: &BorrowedMessage<'_>, slot: &mut Delivery) -> KafkaReceipt {
         let topic = match &self.only_topic {
             Some(topic) => Arc::clone(topic),
             None => self.topics.get(message.topic()),
@@ -112,20 +112,18 @@ impl KafkaSubscription {
             tracing::warn!(topic = &*topic, offset = message.offset(), %error, "counting it as the first attempt");
         }
         let (partition, offset) = (message.partition(), message.offset());
-        let delivery = Delivery::new(
+        slot.refill(
             Arc::clone(&topic),
             Bytes::copy_from_slice(message.payload().unwrap_or_default()),
         )
-        .with_headers(headers)
-        .with_key(message.key().map(Bytes::copy_from_slice))
-        .with_metadata(
+        .set_headers(headers)
+        .set_key(message.key().map(Bytes::copy_from_slice))
+        .set_metadata(
             Metadata::kafka(partition, offset).with_timestamp_ms(message.timestamp().to_millis()),
         )
-        .with_attempt(attempt);
-        let receipt = self
-            .book
-            .delivered(topic, partition, offset, self.commit.tracks());
-        (delivery, receipt)
+        .set_attempt(attempt);
+        self.book
+            .delivered(topic, partition, offset, self.commit.tracks())
     }
 
     /// `Commit::Auto`: reads `receipt`'s record again. Its offset is stored back (so a
@@ -177,23 +175,24 @@ impl KafkaSubscription {
         Polled::Record(result)
     }
 
-    /// Makes a polled record a delivery and books it.
+    /// Makes a polled record a delivery, written into `slot`, and books it.
     fn handed_over(
         &mut self,
         consumer: &Consumer_,
         message: &BorrowedMessage<'_>,
-    ) -> (Delivery, KafkaReceipt) {
+        slot: &mut Delivery,
+    ) -> KafkaReceipt {
         if self.commit == Mode::Auto
             && let Err(e) = consumer.store_offset_from_message(message)
         {
             // As librdkafka's own automatic store would, at hand-over (K2).
             tracing::warn!(address = &*self.address, error = %e, "storing the offset at hand-over failed");
         }
-        let (delivery, receipt) = self.delivery(message);
+        let receipt = self.delivery(message, slot);
         if let Some(window) = &mut self.window {
             window.handed_out(&receipt);
         }
-        (delivery, receipt)
+        receipt
     }
 
     /// Pauses the assigned partitions not paused yet (G5).
@@ -303,14 +302,29 @@ impl Subscription for KafkaSubscription {
     }
 
     async fn next(&mut self) -> Option<Result<(Delivery, KafkaReceipt), SubscribeError>> {
+        let mut delivery = Delivery::empty();
+        Some(
+            self.next_into(&mut delivery)
+                .await?
+                .map(|receipt| (delivery, receipt)),
+        )
+    }
+
+    async fn next_into(
+        &mut self,
+        slot: &mut Delivery,
+    ) -> Option<Result<KafkaReceipt, SubscribeError>> {
         let consumer = Arc::clone(self.consumer.as_ref()?);
-        if let Some(early) = self.early.pop_front() {
-            return Some(Ok(early));
+        if let Some((delivery, receipt)) = self.early.pop_front() {
+            *slot = delivery;
+            return Some(Ok(receipt));
         }
         self.resume(&consumer);
         loop {
             return match self.poll(&consumer).await {
-                Polled::Record(Ok(message)) => Some(Ok(self.handed_over(&consumer, &message))),
+                Polled::Record(Ok(message)) => {
+                    Some(Ok(self.handed_over(&consumer, &message, slot)))
+                }
                 Polled::Record(Err(e)) => Some(Err(SubscribeError::new(&*self.address, e))),
                 Polled::Due => continue,
                 Polled::Fenced => None,
@@ -381,8 +395,9 @@ impl Subscription for KafkaSubscription {
             Polled::Record(Ok(message)) => {
                 // From a partition assigned since the last pause (paused next round), or
                 // one whose pause failed (tried again next round).
-                let early = self.handed_over(&consumer, &message);
-                self.early.push_back(early);
+                let mut delivery = Delivery::empty();
+                let receipt = self.handed_over(&consumer, &message, &mut delivery);
+                self.early.push_back((delivery, receipt));
                 if self.early.len() == EARLY_LIMIT {
                     tracing::warn!(
                         address = &*self.address,

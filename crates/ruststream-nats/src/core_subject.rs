@@ -238,6 +238,15 @@ impl Subscription for CoreSubscription {
     }
 
     async fn next(&mut self) -> Option<Result<(Delivery, ()), SubscribeError>> {
+        let mut delivery = Delivery::empty();
+        Some(
+            self.next_into(&mut delivery)
+                .await?
+                .map(|()| (delivery, ())),
+        )
+    }
+
+    async fn next_into(&mut self, slot: &mut Delivery) -> Option<Result<(), SubscribeError>> {
         let message = self.subscriber.next().await?;
         if *self.last_subject != *message.subject.as_str() {
             self.last_subject = Arc::from(message.subject.as_str());
@@ -247,11 +256,11 @@ impl Subscription for CoreSubscription {
         if let Some(error) = malformed {
             tracing::warn!(subject = message.subject.as_str(), %error, "counting it as the first attempt");
         }
-        let delivery = Delivery::new(Arc::clone(&self.last_subject), message.payload)
-            .with_headers(headers)
-            .with_attempt(attempt)
-            .with_reply_to(message.reply.map(|r| Arc::from(r.as_str())));
-        Some(Ok((delivery, ())))
+        slot.refill(Arc::clone(&self.last_subject), message.payload)
+            .set_headers(headers)
+            .set_attempt(attempt)
+            .set_reply_to(message.reply.map(|r| Arc::from(r.as_str())));
+        Some(Ok(()))
     }
 
     async fn settle(&mut self, _receipt: (), settle: Settle) -> Result<(), AckError> {

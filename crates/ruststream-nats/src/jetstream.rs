@@ -381,6 +381,15 @@ impl Subscription for JetStreamSubscription {
     }
 
     async fn next(&mut self) -> Option<Result<(Delivery, Receipt), SubscribeError>> {
+        let mut delivery = Delivery::empty();
+        Some(
+            self.next_into(&mut delivery)
+                .await?
+                .map(|receipt| (delivery, receipt)),
+        )
+    }
+
+    async fn next_into(&mut self, slot: &mut Delivery) -> Option<Result<Receipt, SubscribeError>> {
         loop {
             let message = match self.messages.next().await? {
                 Ok(message) => message,
@@ -430,11 +439,11 @@ impl Subscription for JetStreamSubscription {
             } else {
                 Arc::from(subject.as_str())
             };
-            let delivery = Delivery::new(address, payload)
-                .with_headers(from_nats(headers.as_ref()))
-                .with_metadata(metadata)
-                .with_attempt(Attempt::from_broker(delivered));
-            return Some(Ok((delivery, (tag, reply))));
+            slot.refill(address, payload)
+                .set_headers(from_nats(headers.as_ref()))
+                .set_metadata(metadata)
+                .set_attempt(Attempt::from_broker(delivered));
+            return Some(Ok((tag, reply)));
         }
     }
 

@@ -90,7 +90,13 @@ impl PulsarSubscription {
     }
 
     /// A message as a delivery, its attempt counted where the subscription type counts.
-    fn delivery(&mut self, topic: Arc<str>, id: &MessageIdData, payload: Payload) -> Delivery {
+    fn delivery(
+        &mut self,
+        topic: Arc<str>,
+        id: &MessageIdData,
+        payload: Payload,
+        slot: &mut Delivery,
+    ) {
         let metadata = &payload.metadata;
         let headers: Headers = metadata
             .properties
@@ -108,11 +114,11 @@ impl PulsarSubscription {
         let position = Metadata::sequence(metadata.sequence_id)
             .with_timestamp_ms(i64::try_from(metadata.publish_time).ok());
         let key = metadata.partition_key.clone().map(Bytes::from);
-        Delivery::new(topic, Bytes::from(payload.data))
-            .with_headers(headers)
-            .with_key(key)
-            .with_metadata(position)
-            .with_attempt(attempt)
+        slot.refill(topic, Bytes::from(payload.data))
+            .set_headers(headers)
+            .set_key(key)
+            .set_metadata(position)
+            .set_attempt(attempt);
     }
 
     /// The consumer, subscribing again first when the last one's stream ended.
@@ -196,6 +202,18 @@ impl Subscription for PulsarSubscription {
     type Receipt = PulsarReceipt;
 
     async fn next(&mut self) -> Option<Result<(Delivery, PulsarReceipt), SubscribeError>> {
+        let mut delivery = Delivery::empty();
+        Some(
+            self.next_into(&mut delivery)
+                .await?
+                .map(|receipt| (delivery, receipt)),
+        )
+    }
+
+    async fn next_into(
+        &mut self,
+        slot: &mut Delivery,
+    ) -> Option<Result<PulsarReceipt, SubscribeError>> {
         loop {
             // Held deliveries whose delay is over are nacked first, by this task (P1, P3).
             if self.nack_due().await {
@@ -233,8 +251,8 @@ impl Subscription for PulsarSubscription {
                 self.held.hold(due, PulsarReceipt { topic, id });
                 continue;
             }
-            let delivery = self.delivery(Arc::clone(&topic), &id, message.payload);
-            return Some(Ok((delivery, PulsarReceipt { topic, id })));
+            self.delivery(Arc::clone(&topic), &id, message.payload, slot);
+            return Some(Ok(PulsarReceipt { topic, id }));
         }
     }
 

@@ -124,7 +124,7 @@ impl RabbitSubscription {
         true
     }
 
-    fn delivery(&self, message: lapin::message::Delivery) -> (Delivery, RabbitReceipt) {
+    fn delivery(&self, message: lapin::message::Delivery, slot: &mut Delivery) -> RabbitReceipt {
         let table = message.properties.headers().as_ref();
         let headers = from_table(table);
         let attempt = if self.quorum {
@@ -138,17 +138,14 @@ impl RabbitSubscription {
             }
             attempt
         };
-        let delivery = Delivery::new(Arc::clone(&self.address), Bytes::from(message.data))
-            .with_headers(headers)
-            .with_metadata(Metadata::sequence(message.delivery_tag))
-            .with_attempt(attempt);
-        (
-            delivery,
-            RabbitReceipt {
-                tag: message.delivery_tag,
-                session: self.sessions,
-            },
-        )
+        slot.refill(Arc::clone(&self.address), Bytes::from(message.data))
+            .set_headers(headers)
+            .set_metadata(Metadata::sequence(message.delivery_tag))
+            .set_attempt(attempt);
+        RabbitReceipt {
+            tag: message.delivery_tag,
+            session: self.sessions,
+        }
     }
 }
 
@@ -156,6 +153,18 @@ impl Subscription for RabbitSubscription {
     type Receipt = RabbitReceipt;
 
     async fn next(&mut self) -> Option<Result<(Delivery, RabbitReceipt), SubscribeError>> {
+        let mut delivery = Delivery::empty();
+        Some(
+            self.next_into(&mut delivery)
+                .await?
+                .map(|receipt| (delivery, receipt)),
+        )
+    }
+
+    async fn next_into(
+        &mut self,
+        slot: &mut Delivery,
+    ) -> Option<Result<RabbitReceipt, SubscribeError>> {
         loop {
             if self.nack_due().await {
                 continue;
@@ -193,7 +202,7 @@ impl Subscription for RabbitSubscription {
                 () = sleep_until_some(due) => continue,
             };
             return match next {
-                Some(Ok(message)) => Some(Ok(self.delivery(message))),
+                Some(Ok(message)) => Some(Ok(self.delivery(message, slot))),
                 Some(Err(e)) => Some(Err(self.lost(&format!("channel lost: {e}")))),
                 None => Some(Err(self.lost("the broker cancelled the consumer"))),
             };

@@ -125,7 +125,7 @@ impl RedisSubscription {
         })
     }
 
-    fn delivery(&self, entry: Entry) -> (Delivery, RedisReceipt) {
+    fn delivery(&self, entry: Entry, slot: &mut Delivery) -> RedisReceipt {
         let receipt = RedisReceipt {
             id: entry.id,
             attempt: entry.count.max(1),
@@ -139,11 +139,11 @@ impl RedisSubscription {
                 "the entry has no `payload` field: delivered with an empty payload"
             );
         }
-        let delivery = Delivery::new(Arc::clone(&self.shared.stream), payload)
-            .with_headers(headers)
-            .with_metadata(Metadata::default().with_timestamp_ms(i64::try_from(receipt.id.ms).ok()))
-            .with_attempt(Attempt::from_broker(receipt.attempt));
-        (delivery, receipt)
+        slot.refill(Arc::clone(&self.shared.stream), payload)
+            .set_headers(headers)
+            .set_metadata(Metadata::default().with_timestamp_ms(i64::try_from(receipt.id.ms).ok()))
+            .set_attempt(Attempt::from_broker(receipt.attempt));
+        receipt
     }
 
     /// Claims the earliest held wait again if it is due (`None` when none is). Popped once
@@ -225,9 +225,21 @@ impl Subscription for RedisSubscription {
     type Receipt = RedisReceipt;
 
     async fn next(&mut self) -> Option<Result<(Delivery, RedisReceipt), SubscribeError>> {
+        let mut delivery = Delivery::empty();
+        Some(
+            self.next_into(&mut delivery)
+                .await?
+                .map(|receipt| (delivery, receipt)),
+        )
+    }
+
+    async fn next_into(
+        &mut self,
+        slot: &mut Delivery,
+    ) -> Option<Result<RedisReceipt, SubscribeError>> {
         loop {
             if let Some(entry) = self.ready.pop_front() {
-                return Some(Ok(self.delivery(entry)));
+                return Some(Ok(self.delivery(entry, slot)));
             }
             match self.claim_due().await {
                 Some(Ok(())) => continue,
@@ -245,13 +257,13 @@ impl Subscription for RedisSubscription {
                 self.flush_acks().await;
             }
             if let Some(read) = next {
-                return Some(read.map(|entry| self.delivery(entry)));
+                return Some(read.map(|entry| self.delivery(entry, slot)));
             }
             let due = self.held.next_due();
             return tokio::select! {
                 biased;
                 read = self.rx.recv() => match read? {
-                    Ok(entry) => Some(Ok(self.delivery(entry))),
+                    Ok(entry) => Some(Ok(self.delivery(entry, slot))),
                     Err(e) => Some(Err(e)),
                 },
                 () = sleep_until_some(due) => continue,

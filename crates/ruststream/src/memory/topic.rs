@@ -115,6 +115,15 @@ impl Subscription for MemorySubscription {
     type Receipt = u64;
 
     async fn next(&mut self) -> Option<Result<(Delivery, u64), SubscribeError>> {
+        let mut delivery = Delivery::empty();
+        Some(
+            self.next_into(&mut delivery)
+                .await?
+                .map(|tag| (delivery, tag)),
+        )
+    }
+
+    async fn next_into(&mut self, slot: &mut Delivery) -> Option<Result<u64, SubscribeError>> {
         let (tag, message, delivered) = self.group.pop(self.consumer).await;
         let attempt = if self.runtime_retries {
             let (attempt, malformed) = Attempt::from_headers(&message.headers);
@@ -125,12 +134,12 @@ impl Subscription for MemorySubscription {
         } else {
             Attempt::from_broker(delivered)
         };
-        let delivery = Delivery::new(Arc::clone(&self.address), message.payload)
-            .with_headers(message.headers)
-            .with_key(message.key)
-            .with_metadata(Metadata::sequence(message.sequence))
-            .with_attempt(attempt);
-        Some(Ok((delivery, tag)))
+        slot.refill(Arc::clone(&self.address), message.payload)
+            .set_headers(message.headers)
+            .set_key(message.key)
+            .set_metadata(Metadata::sequence(message.sequence))
+            .set_attempt(attempt);
+        Some(Ok(tag))
     }
 
     async fn settle(&mut self, tag: u64, settle: Settle) -> Result<(), AckError> {

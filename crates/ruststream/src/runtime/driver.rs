@@ -130,7 +130,8 @@ enum Event<R> {
     Stop,
     /// The subscription's idle upkeep at the bound returned.
     Idle,
-    Fetched(Job<R>),
+    /// The fetch wrote a delivery into the slot; its receipt.
+    Fetched(R),
     FetchFailed(SubscribeError),
     Ended,
 }
@@ -163,12 +164,15 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
     let mut at_bound = false;
     let mut fetch_errors = ErrorRun::default();
     let mut settle_errors = ErrorRun::default();
+    // The box the next fetch writes its delivery into.
+    let mut slot = set.slot();
     loop {
         let room = fetch_room(&subscription, &shared, &mut at_bound);
         // The common case is a straight line: a delivery fetched, started on its lane,
         // finished in its first poll, settled; no select, no queue shared with anyone.
         let fetch = Fetch {
             subscription: &mut subscription,
+            slot: &mut slot,
             room,
             waiting: pending.is_some(),
         };
@@ -180,10 +184,11 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
             Event::Timer(done) => done,
             Event::Stop => break,
             Event::Idle => continue,
-            Event::Fetched(job) => {
+            Event::Fetched(receipt) => {
                 if fetch_errors.succeeded() {
                     shared.health.fetch_failed(false);
                 }
+                let job = set.job(&mut slot, receipt);
                 let lane;
                 (lane, pending) = accept(&shared, &mut set, &mut picker, job);
                 // Most handlers finish in their first poll: settled in this same pass.
@@ -300,6 +305,7 @@ impl StopSignal {
 /// at the bound, nothing while a fetched delivery waits for its lane.
 struct Fetch<'a, Sub> {
     subscription: &'a mut Sub,
+    slot: &'a mut Delivery,
     room: bool,
     waiting: bool,
 }
@@ -320,6 +326,7 @@ impl<Sub: Subscription> Fetch<'_, Sub> {
     {
         let Self {
             subscription,
+            slot,
             room,
             waiting,
         } = self;
@@ -328,7 +335,7 @@ impl<Sub: Subscription> Fetch<'_, Sub> {
                 std::future::pending::<()>().await;
             }
             if room {
-                Some(subscription.next().await)
+                Some(subscription.next_into(slot).await)
             } else {
                 subscription.idle().await;
                 None
@@ -339,8 +346,6 @@ impl<Sub: Subscription> Fetch<'_, Sub> {
 }
 
 /// One pass of the loop: finished lanes, then timers, the stop signal and the fetch.
-/// Inlined: the fetched delivery is then boxed where the fetch returns it, not moved
-/// through this function's result first.
 #[inline(always)]
 fn poll_event<R, F, St, Fetch>(
     cx: &mut Context<'_>,
@@ -353,7 +358,7 @@ where
     R: Send + 'static,
     F: Future<Output = Finished<R>>,
     St: Fn(Job<R>) -> F,
-    Fetch: Future<Output = Option<Option<Result<(Delivery, R), SubscribeError>>>>,
+    Fetch: Future<Output = Option<Option<Result<R, SubscribeError>>>>,
 {
     if let Poll::Ready(done) = set.poll_finished(cx) {
         return Poll::Ready(Event::Finished(done));
@@ -381,7 +386,7 @@ where
     if let Poll::Ready(fetched) = fetch.poll(cx) {
         budget.made_progress();
         return Poll::Ready(match fetched {
-            Some(Some(Ok((delivery, receipt)))) => Event::Fetched(set.job(delivery, receipt)),
+            Some(Some(Ok(receipt))) => Event::Fetched(receipt),
             Some(Some(Err(error))) => Event::FetchFailed(error),
             Some(None) => Event::Ended,
             None => Event::Idle,

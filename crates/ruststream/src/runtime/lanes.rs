@@ -34,10 +34,10 @@ pub(crate) struct Lanes<R, F, St> {
     busy: usize,
     /// Where the next scan for finished work begins, so no lane waits behind another.
     scan_from: usize,
-    /// Boxes for the next deliveries. A delivery (about 180 bytes) is moved into a box
-    /// once, when fetched, and travels as a pointer from there to the handler's
-    /// extractors and back; a finished delivery's box comes back here, so the steady
-    /// state allocates nothing. A spare box keeps its last delivery (and payload) until
+    /// Boxes for the next deliveries. A delivery (about 180 bytes) is written into its
+    /// box by the fetch (`Subscription::next_into`) and travels as a pointer from there to
+    /// the handler's extractors and back; a finished delivery's box comes back here, so
+    /// the steady state allocates nothing. A spare box keeps its last delivery (and payload) until
     /// reused, so no more are kept than the lanes hold at once.
     // The boxes themselves are the point: they are handed out again, not their contents.
     #[allow(clippy::vec_box)]
@@ -70,16 +70,22 @@ where
         }
     }
 
-    /// A job for a fetched delivery, boxed in a spare box when there is one.
-    pub(crate) fn job(&mut self, delivery: Delivery, receipt: R) -> Job<R> {
-        let delivery = match self.spare.pop() {
-            Some(mut spare) => {
-                *spare = delivery;
-                spare
-            }
-            None => Box::new(delivery),
-        };
-        Job { delivery, receipt }
+    /// A box for the next fetch to write its delivery into: a spare one when there is
+    /// one (its last delivery is overwritten there), a new one otherwise.
+    pub(crate) fn slot(&mut self) -> Box<Delivery> {
+        self.spare
+            .pop()
+            .unwrap_or_else(|| Box::new(Delivery::empty()))
+    }
+
+    /// A job for the delivery the fetch wrote into `slot`, which gets the next box.
+    #[inline]
+    pub(crate) fn job(&mut self, slot: &mut Box<Delivery>, receipt: R) -> Job<R> {
+        let next = self.slot();
+        Job {
+            delivery: std::mem::replace(slot, next),
+            receipt,
+        }
     }
 
     /// Starts `job` on `lane` or queues it there when it has room; hands it back when not.
