@@ -205,7 +205,6 @@ impl Group {
     pub(crate) async fn pop(&self, consumer: u32) -> (u64, Stored, u32) {
         let mut waited = false;
         loop {
-            let ready = self.ready.notified();
             {
                 let mut q = self.lock();
                 if waited {
@@ -232,7 +231,10 @@ impl Group {
                 q.waiting_consumers += 1;
                 waited = true;
             }
-            ready.await;
+            // Made only when the queue was empty. Every wake-up here is a `notify_one`,
+            // which leaves a permit when nobody waits yet, so one given between the
+            // check above and this wait is not lost.
+            self.ready.notified().await;
         }
     }
 
