@@ -92,30 +92,18 @@ pub trait Subscription: Send + 'static {
     /// offset, a message id).
     type Receipt: Send + 'static;
 
-    /// The next delivery; `None` once the subscription is closed for good. Must be
-    /// cancel safe: the driver drops it unfinished to settle or to stop.
-    fn next(
-        &mut self,
-    ) -> impl Future<Output = Option<Result<(Delivery, Self::Receipt), SubscribeError>>> + Send;
-
-    /// The next delivery written into `slot`, which holds an earlier one (or
-    /// [`Delivery::empty`]) and is overwritten whole, with
-    /// [`Delivery::refill`] and the `set_*` methods; its receipt is returned. The runtime
-    /// fetches through this: the delivery is built in the box it travels in, not moved
-    /// there (a delivery is about 180 bytes). The default moves [`next`](Self::next)'s.
-    /// Cancel safe like `next`, and `slot` left as a whole delivery whenever it returns
-    /// or is dropped (write it after the last await).
+    /// The next delivery, written into `slot`, and its receipt; `None` once the
+    /// subscription is closed for good. `slot` holds an earlier delivery (or
+    /// [`Delivery::empty`]) and is overwritten whole, with [`Delivery::refill`] and the
+    /// `set_*` methods: the runtime hands over the box the delivery then travels in, so
+    /// it is built where it stays instead of being moved there (a delivery is about 180
+    /// bytes). Must be cancel safe: the driver drops it unfinished to settle or to stop;
+    /// write `slot` after the last await, so it is whole whenever this returns or is
+    /// dropped.
     fn next_into<'a>(
         &'a mut self,
         slot: &'a mut Delivery,
-    ) -> impl Future<Output = Option<Result<Self::Receipt, SubscribeError>>> + Send + 'a {
-        async move {
-            Some(self.next().await?.map(|(delivery, receipt)| {
-                *slot = delivery;
-                receipt
-            }))
-        }
-    }
+    ) -> impl Future<Output = Option<Result<Self::Receipt, SubscribeError>>> + Send + 'a;
 
     /// Performs one settlement on the broker.
     fn settle(

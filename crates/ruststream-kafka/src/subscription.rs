@@ -301,15 +301,6 @@ impl Subscription for KafkaSubscription {
         }))
     }
 
-    async fn next(&mut self) -> Option<Result<(Delivery, KafkaReceipt), SubscribeError>> {
-        let mut delivery = Delivery::empty();
-        Some(
-            self.next_into(&mut delivery)
-                .await?
-                .map(|receipt| (delivery, receipt)),
-        )
-    }
-
     async fn next_into(
         &mut self,
         slot: &mut Delivery,

@@ -237,15 +237,6 @@ impl Subscription for CoreSubscription {
         }))
     }
 
-    async fn next(&mut self) -> Option<Result<(Delivery, ()), SubscribeError>> {
-        let mut delivery = Delivery::empty();
-        Some(
-            self.next_into(&mut delivery)
-                .await?
-                .map(|()| (delivery, ())),
-        )
-    }
-
     async fn next_into(&mut self, slot: &mut Delivery) -> Option<Result<(), SubscribeError>> {
         let message = self.subscriber.next().await?;
         if *self.last_subject != *message.subject.as_str() {

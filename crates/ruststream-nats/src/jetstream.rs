@@ -380,15 +380,6 @@ impl Subscription for JetStreamSubscription {
         }))
     }
 
-    async fn next(&mut self) -> Option<Result<(Delivery, Receipt), SubscribeError>> {
-        let mut delivery = Delivery::empty();
-        Some(
-            self.next_into(&mut delivery)
-                .await?
-                .map(|receipt| (delivery, receipt)),
-        )
-    }
-
     async fn next_into(&mut self, slot: &mut Delivery) -> Option<Result<Receipt, SubscribeError>> {
         loop {
             let message = match self.messages.next().await? {

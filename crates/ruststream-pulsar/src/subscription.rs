@@ -201,15 +201,6 @@ impl PulsarSubscription {
 impl Subscription for PulsarSubscription {
     type Receipt = PulsarReceipt;
 
-    async fn next(&mut self) -> Option<Result<(Delivery, PulsarReceipt), SubscribeError>> {
-        let mut delivery = Delivery::empty();
-        Some(
-            self.next_into(&mut delivery)
-                .await?
-                .map(|receipt| (delivery, receipt)),
-        )
-    }
-
     async fn next_into(
         &mut self,
         slot: &mut Delivery,

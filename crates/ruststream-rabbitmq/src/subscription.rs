@@ -152,15 +152,6 @@ impl RabbitSubscription {
 impl Subscription for RabbitSubscription {
     type Receipt = RabbitReceipt;
 
-    async fn next(&mut self) -> Option<Result<(Delivery, RabbitReceipt), SubscribeError>> {
-        let mut delivery = Delivery::empty();
-        Some(
-            self.next_into(&mut delivery)
-                .await?
-                .map(|receipt| (delivery, receipt)),
-        )
-    }
-
     async fn next_into(
         &mut self,
         slot: &mut Delivery,

@@ -224,15 +224,6 @@ impl RedisSubscription {
 impl Subscription for RedisSubscription {
     type Receipt = RedisReceipt;
 
-    async fn next(&mut self) -> Option<Result<(Delivery, RedisReceipt), SubscribeError>> {
-        let mut delivery = Delivery::empty();
-        Some(
-            self.next_into(&mut delivery)
-                .await?
-                .map(|receipt| (delivery, receipt)),
-        )
-    }
-
     async fn next_into(
         &mut self,
         slot: &mut Delivery,

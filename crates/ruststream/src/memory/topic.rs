@@ -114,15 +114,6 @@ pub struct MemorySubscription {
 impl Subscription for MemorySubscription {
     type Receipt = u64;
 
-    async fn next(&mut self) -> Option<Result<(Delivery, u64), SubscribeError>> {
-        let mut delivery = Delivery::empty();
-        Some(
-            self.next_into(&mut delivery)
-                .await?
-                .map(|tag| (delivery, tag)),
-        )
-    }
-
     async fn next_into(&mut self, slot: &mut Delivery) -> Option<Result<u64, SubscribeError>> {
         let (tag, message, delivered) = self.group.pop(self.consumer).await;
         let attempt = if self.runtime_retries {
