@@ -35,10 +35,11 @@ pub(crate) struct Lanes<R, F, St> {
     /// Where the next scan for finished work begins, so no lane waits behind another.
     scan_from: usize,
     /// Boxes for the next deliveries. A delivery (about 180 bytes) is written into its
-    /// box by the fetch (`Subscription::next_into`) and travels as a pointer from there to
-    /// the handler's extractors and back; a finished delivery's box comes back here, so
-    /// the steady state allocates nothing. A spare box keeps its last delivery (and payload) until
-    /// reused, so no more are kept than the lanes hold at once.
+    /// box by the fetch (`Subscription::next_into`, into the one box the driver holds for
+    /// it) and travels as a pointer from there to the handler's extractors and back; a
+    /// finished delivery's box comes back here, so the steady state allocates nothing. A
+    /// spare box keeps its last delivery (and payload) until reused, so no more are kept
+    /// than the lanes hold at once.
     // The boxes themselves are the point: they are handed out again, not their contents.
     #[allow(clippy::vec_box)]
     spare: Vec<Box<Delivery>>,
