@@ -53,13 +53,16 @@ impl Attempt {
             Ok(count) => (count.unwrap_or(0), None),
             Err(e) => (0, Some(e)),
         };
-        (
-            Self {
-                number: count.saturating_add(1),
-                source: AttemptSource::Header,
-            },
-            malformed,
-        )
+        (Self::from_header_count(count), malformed)
+    }
+
+    /// The attempt after `count` retries counted in the retry-count header (0, or no
+    /// header: attempt 1).
+    pub const fn from_header_count(count: u32) -> Self {
+        Self {
+            number: count.saturating_add(1),
+            source: AttemptSource::Header,
+        }
     }
 
     /// The attempt after this one, counted by the same source (a delivery the runtime

@@ -201,6 +201,9 @@ impl Descriptor for CoreWildcard {
     }
 }
 
+/// The attempt of a message without the retry-count header.
+const FIRST_BY_HEADER: Attempt = Attempt::from_header_count(0);
+
 /// An open Core subscription.
 #[derive(Debug)]
 pub struct CoreSubscription {
@@ -242,15 +245,20 @@ impl Subscription for CoreSubscription {
         if *self.last_subject != *message.subject.as_str() {
             self.last_subject = Arc::from(message.subject.as_str());
         }
-        let headers = from_nats(message.headers.as_ref());
-        let (attempt, malformed) = Attempt::from_headers(&headers);
-        if let Some(error) = malformed {
-            tracing::warn!(subject = message.subject.as_str(), %error, "counting it as the first attempt");
-        }
         slot.refill(Arc::clone(&self.last_subject), message.payload)
-            .set_headers(headers)
-            .set_attempt(attempt)
             .set_reply_to(message.reply.map(|r| Arc::from(r.as_str())));
+        match message.headers {
+            // Most Core messages carry no headers: the first attempt, nothing to convert.
+            None => slot.set_attempt(FIRST_BY_HEADER),
+            Some(map) => {
+                let headers = from_nats(Some(&map));
+                let (attempt, malformed) = Attempt::from_headers(&headers);
+                if let Some(error) = malformed {
+                    tracing::warn!(subject = message.subject.as_str(), %error, "counting it as the first attempt");
+                }
+                slot.set_headers(headers).set_attempt(attempt)
+            }
+        };
         Some(Ok(()))
     }
 

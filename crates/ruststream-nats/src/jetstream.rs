@@ -431,9 +431,11 @@ impl Subscription for JetStreamSubscription {
                 Arc::from(subject.as_str())
             };
             slot.refill(address, payload)
-                .set_headers(from_nats(headers.as_ref()))
                 .set_metadata(metadata)
                 .set_attempt(Attempt::from_broker(delivered));
+            if headers.is_some() {
+                slot.set_headers(from_nats(headers.as_ref()));
+            }
             return Some(Ok((tag, reply)));
         }
     }

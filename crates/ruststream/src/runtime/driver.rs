@@ -209,8 +209,17 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
                 break;
             }
         };
-        let errors = &mut settle_errors;
-        apply(&mut subscription, &shared, done, &mut timers, errors).await;
+        match done {
+            // Nothing to settle (a Core NATS delivery, an original whose copy went out).
+            Done::Settle {
+                settle: Settle::Nothing,
+                ..
+            } => shared.end(),
+            done => {
+                let errors = &mut settle_errors;
+                apply(&mut subscription, &shared, done, &mut timers, errors).await;
+            }
+        }
     }
 
     shared.health.ended();
