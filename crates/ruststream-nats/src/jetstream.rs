@@ -236,6 +236,7 @@ impl Descriptor for JetStreamConsumer {
             stream_name: Arc::from(self.stream.as_str()),
             consumer_name: Arc::from(self.consumer.as_str()),
             messages,
+            last_subject: Arc::from(address.as_str()),
             address: Arc::from(address.as_str()),
             double_ack: self.double_ack,
             acks: AckReader::default(),
@@ -322,6 +323,8 @@ pub struct JetStreamSubscription {
     consumer_name: Arc<str>,
     messages: pull::Stream,
     address: Arc<str>,
+    /// The subject of the last delivery, shared by the deliveries that follow on it.
+    last_subject: Arc<str>,
     double_ack: bool,
     /// Reads each delivery's reply subject.
     acks: AckReader,
@@ -425,12 +428,11 @@ impl Subscription for JetStreamSubscription {
                     },
                 );
             }
-            let address = if *self.address == *subject.as_str() {
-                Arc::clone(&self.address)
-            } else {
-                Arc::from(subject.as_str())
-            };
-            slot.refill(address, payload)
+            // Deliveries in a row mostly share their subject: one string for all of them.
+            if *self.last_subject != *subject.as_str() {
+                self.last_subject = Arc::from(subject.as_str());
+            }
+            slot.refill(Arc::clone(&self.last_subject), payload)
                 .set_metadata(metadata)
                 .set_attempt(Attempt::from_broker(delivered));
             if headers.is_some() {
