@@ -48,7 +48,11 @@ impl Attempt {
 
     /// The attempt the retry-count header says; absent is attempt 1. A malformed header
     /// counts as absent and is returned beside it, so the caller can log it.
+    #[inline]
     pub fn from_headers(headers: &Headers) -> (Self, Option<MalformedRetryCount>) {
+        if headers.is_empty() {
+            return (Self::from_header_count(0), None);
+        }
         let (count, malformed) = match headers.retry_count() {
             Ok(count) => (count.unwrap_or(0), None),
             Err(e) => (0, Some(e)),

@@ -43,11 +43,16 @@ impl Book {
     }
 
     /// Discards the tracked state of partitions that moved since the last look (K5).
+    #[inline]
     pub(crate) fn forget_moved_partitions(&mut self) {
         let epoch = self.moves.epoch();
-        if epoch == self.seen_epoch {
-            return;
+        if epoch != self.seen_epoch {
+            self.forget_partitions_moved_since(epoch);
         }
+    }
+
+    #[cold]
+    fn forget_partitions_moved_since(&mut self, epoch: u64) {
         self.seen_epoch = epoch;
         for state in &mut self.partitions {
             let generation = self.moves.generation(&state.topic, state.partition);

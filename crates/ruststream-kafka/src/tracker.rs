@@ -42,11 +42,16 @@ impl OffsetTracker {
 
     /// `offset` is settled. Returns the new stored position when it moved up.
     pub(crate) fn settled(&mut self, offset: i64) -> Option<i64> {
-        let at = match self.running.front() {
-            Some(lowest) if *lowest == offset => 0,
-            _ => self.running.binary_search(&offset).ok()?,
-        };
-        self.running.remove(at);
+        match self.running.front() {
+            // The common case: the lowest running one settles.
+            Some(lowest) if *lowest == offset => {
+                self.running.pop_front();
+            }
+            _ => {
+                let at = self.running.binary_search(&offset).ok()?;
+                self.running.remove(at);
+            }
+        }
         let position = match self.running.front() {
             Some(lowest) => lowest - 1,
             None => self.highest_delivered?,
