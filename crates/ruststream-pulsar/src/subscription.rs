@@ -94,7 +94,7 @@ impl PulsarSubscription {
         &mut self,
         topic: Arc<str>,
         id: &MessageIdData,
-        payload: Payload,
+        payload: &mut Payload,
         slot: &mut Delivery,
     ) {
         let metadata = &payload.metadata;
@@ -114,7 +114,7 @@ impl PulsarSubscription {
         let position = Metadata::sequence(metadata.sequence_id)
             .with_timestamp_ms(i64::try_from(metadata.publish_time).ok());
         let key = metadata.partition_key.clone().map(Bytes::from);
-        slot.refill(topic, Bytes::from(payload.data))
+        slot.refill(topic, Bytes::from(std::mem::take(&mut payload.data)))
             .set_headers(headers)
             .set_key(key)
             .set_metadata(position)
@@ -123,19 +123,20 @@ impl PulsarSubscription {
 
     /// The consumer, subscribing again first when the last one's stream ended.
     async fn consumer(&mut self) -> Result<&mut Consumer<Vec<u8>, TokioExecutor>, SubscribeError> {
-        let consumer = match self.consumer.take() {
-            Some(consumer) => consumer,
-            None => {
-                tokio::time::sleep_until(self.subscribed_at + RESUBSCRIBE_PAUSE).await;
-                self.subscribed_at = Instant::now();
-                let consumer = self.builder.clone().build::<Vec<u8>>().await.map_err(|e| {
-                    SubscribeError::new(&*self.address, format!("subscribing again: {e}"))
-                })?;
-                tracing::info!(address = &*self.address, "subscribed again");
-                consumer
-            }
-        };
-        Ok(self.consumer.insert(consumer))
+        // Looked at in place: the consumer is large, and this runs for every message.
+        if self.consumer.is_none() {
+            tokio::time::sleep_until(self.subscribed_at + RESUBSCRIBE_PAUSE).await;
+            self.subscribed_at = Instant::now();
+            let consumer = self.builder.clone().build::<Vec<u8>>().await.map_err(|e| {
+                SubscribeError::new(&*self.address, format!("subscribing again: {e}"))
+            })?;
+            tracing::info!(address = &*self.address, "subscribed again");
+            self.consumer = Some(consumer);
+        }
+        match self.consumer.as_mut() {
+            Some(consumer) => Ok(consumer),
+            None => unreachable!("set just above"),
+        }
     }
 
     /// The consumer's stream ended: what it delivered and nobody acknowledged, the broker
@@ -223,13 +224,15 @@ impl Subscription for PulsarSubscription {
                     () = tokio::time::sleep_until(due) => continue,
                 },
             };
-            let Some(message) = next else {
-                self.lost_consumer();
-                continue;
-            };
-            let message = match message {
-                Ok(message) => message,
-                Err(e) => return Some(Err(SubscribeError::new(&*self.address, e))),
+            // The client's message is large (its metadata): matched once, and only its
+            // data moved out of it, not the whole of it from one binding to the next.
+            let mut message = match next {
+                Some(Ok(message)) => message,
+                Some(Err(e)) => return Some(Err(SubscribeError::new(&*self.address, e))),
+                None => {
+                    self.lost_consumer();
+                    continue;
+                }
             };
             let topic = self.topics.get(&message.topic);
             let id = message.message_id.id.clone();
@@ -242,7 +245,7 @@ impl Subscription for PulsarSubscription {
                 self.held.hold(due, PulsarReceipt { topic, id });
                 continue;
             }
-            self.delivery(Arc::clone(&topic), &id, message.payload, slot);
+            self.delivery(Arc::clone(&topic), &id, &mut message.payload, slot);
             return Some(Ok(PulsarReceipt { topic, id }));
         }
     }
