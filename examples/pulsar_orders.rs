@@ -101,7 +101,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!(
             "{}",
             tokio::time::timeout(Duration::from_secs(30), log.recv())
-                .await?
+                .await
+                .map_err(|_| {
+                    "nothing handled within 30 s: is the broker reachable, and is it a real \
+                     Pulsar? (pulsar-lite needs the tests' relay: see this file's header)"
+                })?
                 .ok_or("stopped")?
         );
     }
