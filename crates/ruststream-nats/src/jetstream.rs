@@ -385,17 +385,18 @@ impl Subscription for JetStreamSubscription {
 
     async fn next_into(&mut self, slot: &mut Delivery) -> Option<Result<Receipt, SubscribeError>> {
         loop {
-            let message = match self.messages.next().await? {
-                Ok(message) => message,
-                Err(e) => return Some(Err(SubscribeError::new(&*self.address, e))),
-            };
+            // Taken apart where it comes out of the stream: the client's message is large,
+            // and every move of it is a copy.
             let async_nats::Message {
                 subject,
                 reply,
                 payload,
                 headers,
                 ..
-            } = message.into();
+            } = match self.messages.next().await? {
+                Ok(message) => message.message,
+                Err(e) => return Some(Err(SubscribeError::new(&*self.address, e))),
+            };
             let Some(reply) = reply else {
                 tracing::warn!(
                     address = &*self.address,
