@@ -308,3 +308,82 @@ async fn g7_a_waiting_start_warns_once_per_interval_and_starts_when_the_cluster_
         took.as_secs_f64()
     );
 }
+
+/// librdkafka hands over what it fetched from a queue of its own, which takes nothing
+/// from tokio's cooperative budget. The driver still gives its thread back every so many
+/// records (429cd2f): otherwise a fetched backlog keeps everything else on that thread
+/// (timers, handler deadlines, other registrations, the health endpoint) waiting until
+/// it is drained. Measured in scheduling turns, not time: a task that runs whenever the
+/// thread is free keeps the most records handled between two of its turns.
+#[tokio::test]
+async fn a_fetched_backlog_does_not_keep_the_thread_from_other_tasks() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    const BACKLOG: usize = 20_000;
+    let kafka = kafka().await;
+    let (t, group) = (unique("backlog"), unique("g"));
+    create_topic(&t, 1).await;
+    let mut producers = tokio::task::JoinSet::new();
+    for worker in 0..20 {
+        let (kafka, t) = (kafka.clone(), t.clone());
+        producers.spawn(async move {
+            let publisher = kafka.publisher();
+            let mut sends = tokio::task::JoinSet::new();
+            for n in 0..BACKLOG / 20 {
+                let (publisher, t) = (publisher.clone(), t.clone());
+                let payload = format!("{worker}-{n}");
+                sends.spawn(async move {
+                    publisher
+                        .send(&t, None, &Headers::new(), payload.as_bytes(), None)
+                        .await
+                        .expect("produce")
+                });
+            }
+            while let Some(sent) = sends.join_next().await {
+                sent.expect("send");
+            }
+        });
+    }
+    while let Some(done) = producers.join_next().await {
+        done.expect("producer");
+    }
+    let handled = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&handled);
+    let count = move |_: ruststream::Payload| {
+        let counted = Arc::clone(&counted);
+        async move {
+            counted.fetch_add(1, Ordering::Relaxed);
+            HandlerOutcome::ack()
+        }
+    };
+    let app = App::new()
+        .register(on(topic(&kafka, &t, &group, Commit::Tracked), count))
+        .start()
+        .await
+        .expect("start");
+    // This test's runtime has one thread: the probe runs whenever the driver gives it
+    // back. It waits for the group to form in short sleeps, then yields between looks.
+    let probe = Arc::clone(&handled);
+    let most = tokio::spawn(async move {
+        let (mut last, mut most) = (0, 0);
+        while last < BACKLOG {
+            if last == 0 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            } else {
+                tokio::task::yield_now().await;
+            }
+            let now = probe.load(Ordering::Relaxed);
+            most = most.max(now - last);
+            last = now;
+        }
+        most
+    });
+    let most = tokio::time::timeout(Duration::from_secs(120), most)
+        .await
+        .expect("the backlog drained")
+        .expect("probe");
+    assert!(
+        most < BACKLOG / 10,
+        "the driver kept the thread for {most} records at once"
+    );
+    app.stop().await;
+}
