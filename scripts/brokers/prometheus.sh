@@ -4,7 +4,9 @@
 # Point at another binary with RUSTSTREAM_PROMETHEUS_BIN.
 if [ -z "${RUSTSTREAM_PROMETHEUS_BIN:-}" ]; then
   if ! command -v prometheus >/dev/null; then
-    (apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus) >&2 \
+    sudo_if_needed=""
+    [ "$(id -u)" -ne 0 ] && sudo_if_needed="sudo"
+    ($sudo_if_needed apt-get update -qq && $sudo_if_needed apt-get install -y -qq --no-install-recommends prometheus) >&2 \
       || { echo "cannot install prometheus" >&2; return 1; }
   fi
   RUSTSTREAM_PROMETHEUS_BIN=$(command -v prometheus)
