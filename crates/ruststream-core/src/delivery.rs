@@ -169,12 +169,18 @@ impl Delivery {
     /// A transport's [`Subscription::next_into`](crate::Subscription::next_into) writes
     /// each message into the delivery the runtime hands it this way, so a delivery is
     /// built where it stays instead of being moved there.
+    ///
+    /// `address` is shared, not taken: the runtime hands a subscription back the boxes
+    /// of its earlier deliveries, which mostly hold the very same address already, and
+    /// then nothing is counted up or down.
     #[inline]
-    pub fn refill(&mut self, address: Arc<str>, payload: Bytes) -> &mut Self {
+    pub fn refill(&mut self, address: &Arc<str>, payload: Bytes) -> &mut Self {
         self.payload = payload;
         self.headers = Headers::new();
         self.key = None;
-        self.address = address;
+        if !Arc::ptr_eq(&self.address, address) {
+            self.address = Arc::clone(address);
+        }
         self.metadata = Metadata::default();
         self.attempt = Attempt::from_broker(1);
         self.reply_to = None;

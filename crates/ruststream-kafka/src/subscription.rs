@@ -113,7 +113,7 @@ impl KafkaSubscription {
         }
         let (partition, offset) = (message.partition(), message.offset());
         slot.refill(
-            Arc::clone(&topic),
+            &topic,
             Bytes::copy_from_slice(message.payload().unwrap_or_default()),
         )
         .set_headers(headers)

@@ -245,7 +245,7 @@ impl Subscription for CoreSubscription {
         if *self.last_subject != *message.subject.as_str() {
             self.last_subject = Arc::from(message.subject.as_str());
         }
-        slot.refill(Arc::clone(&self.last_subject), message.payload)
+        slot.refill(&self.last_subject, message.payload)
             .set_reply_to(message.reply.map(|r| Arc::from(r.as_str())));
         match message.headers {
             // Most Core messages carry no headers: the first attempt, nothing to convert.

@@ -433,7 +433,7 @@ impl Subscription for JetStreamSubscription {
             if *self.last_subject != *subject.as_str() {
                 self.last_subject = Arc::from(subject.as_str());
             }
-            slot.refill(Arc::clone(&self.last_subject), payload)
+            slot.refill(&self.last_subject, payload)
                 .set_metadata(metadata)
                 .set_attempt(Attempt::from_broker(delivered));
             if headers.is_some() {

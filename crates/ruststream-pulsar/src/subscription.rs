@@ -92,7 +92,7 @@ impl PulsarSubscription {
     /// A message as a delivery, its attempt counted where the subscription type counts.
     fn delivery(
         &mut self,
-        topic: Arc<str>,
+        topic: &Arc<str>,
         id: &MessageIdData,
         payload: &mut Payload,
         slot: &mut Delivery,
@@ -245,7 +245,7 @@ impl Subscription for PulsarSubscription {
                 self.held.hold(due, PulsarReceipt { topic, id });
                 continue;
             }
-            self.delivery(Arc::clone(&topic), &id, &mut message.payload, slot);
+            self.delivery(&topic, &id, &mut message.payload, slot);
             return Some(Ok(PulsarReceipt { topic, id }));
         }
     }

@@ -142,7 +142,7 @@ impl RabbitSubscription {
             }
             attempt
         };
-        slot.refill(Arc::clone(&self.address), Bytes::from(message.data))
+        slot.refill(&self.address, Bytes::from(message.data))
             .set_headers(headers)
             .set_metadata(Metadata::sequence(message.delivery_tag))
             .set_attempt(attempt);

@@ -139,7 +139,7 @@ impl RedisSubscription {
                 "the entry has no `payload` field: delivered with an empty payload"
             );
         }
-        slot.refill(Arc::clone(&self.shared.stream), payload)
+        slot.refill(&self.shared.stream, payload)
             .set_headers(headers)
             .set_metadata(Metadata::default().with_timestamp_ms(i64::try_from(receipt.id.ms).ok()))
             .set_attempt(Attempt::from_broker(receipt.attempt));

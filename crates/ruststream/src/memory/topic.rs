@@ -125,7 +125,7 @@ impl Subscription for MemorySubscription {
         } else {
             Attempt::from_broker(delivered)
         };
-        slot.refill(Arc::clone(&self.address), message.payload)
+        slot.refill(&self.address, message.payload)
             .set_headers(message.headers)
             .set_key(message.key)
             .set_metadata(Metadata::sequence(message.sequence))
