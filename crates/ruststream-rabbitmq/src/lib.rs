@@ -17,6 +17,12 @@
 //! `redelivered`, so under `max_attempts` retries go through copies that carry the count
 //! in `x-ruststream-retry-count`.
 //!
+//! Settlements when the connection fails: a delivery whose channel was lost is not
+//! settled (the broker delivers it again by itself), and a settlement RabbitMQ does not
+//! answer fails after 5 to 10 seconds instead of waiting forever; both are logged and
+//! counted in `ruststream_settle_errors_total{kind="failed"}` when the app collects
+//! metrics.
+//!
 //! Publishing goes to the default exchange with the queue's name as routing key, with
 //! publisher confirms and the `mandatory` flag: a message no queue takes is an error
 //! (`NoSuchAddress`), never a silent drop.
