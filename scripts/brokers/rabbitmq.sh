@@ -14,13 +14,7 @@ with socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=2) as s:
 PY
 }
 if [ -z "${RUSTSTREAM_RABBITMQ_URL:-}" ]; then
-  if ! command -v rabbitmq-server >/dev/null; then
-    echo "installing rabbitmq-server (Debian)" >&2
-    sudo_if_needed=""
-    [ "$(id -u)" -ne 0 ] && sudo_if_needed="sudo"
-    ($sudo_if_needed apt-get update -qq && $sudo_if_needed apt-get install -y -qq --no-install-recommends rabbitmq-server) >&2 \
-      || { echo "cannot install rabbitmq-server" >&2; return 1; }
-  fi
+  install_from_debian rabbitmq-server rabbitmq-server || return 1
   rabbitmq_port=${RUSTSTREAM_RABBITMQ_PORT:-15673}
   if ! listening "$rabbitmq_port"; then
     base=$PWD/.brokers/rabbitmq

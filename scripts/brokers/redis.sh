@@ -6,13 +6,7 @@
 # nothing is started then.
 source scripts/brokers/lib.sh
 if [ -z "${RUSTSTREAM_REDIS_URL:-}" ]; then
-  if ! command -v redis-server >/dev/null; then
-    echo "installing redis-server (Debian)" >&2
-    sudo_if_needed=""
-    [ "$(id -u)" -ne 0 ] && sudo_if_needed="sudo"
-    ($sudo_if_needed apt-get update -qq && $sudo_if_needed apt-get install -y -qq --no-install-recommends redis-server) >&2 \
-      || { echo "cannot install redis-server" >&2; return 1; }
-  fi
+  install_from_debian redis-server redis-server || return 1
   redis_port=${RUSTSTREAM_REDIS_PORT:-16379}
   if ! listening "$redis_port"; then
     base=$PWD/.brokers/redis
