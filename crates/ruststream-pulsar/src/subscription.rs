@@ -97,11 +97,11 @@ impl PulsarSubscription {
         payload: &mut Payload,
         slot: &mut Delivery,
     ) {
-        let metadata = &payload.metadata;
-        let headers: Headers = metadata
-            .properties
-            .iter()
-            .map(|kv| (kv.key.clone(), Bytes::from(kv.value.clone())))
+        // The message is dropped after this: its parts are taken, not cloned.
+        let metadata = &mut payload.metadata;
+        let headers: Headers = std::mem::take(&mut metadata.properties)
+            .into_iter()
+            .map(|kv| (kv.key, Bytes::from(kv.value)))
             .collect();
         let attempt = if self.counts {
             let seen = self.attempts.entry(key(id)).or_insert(0);
@@ -113,7 +113,7 @@ impl PulsarSubscription {
         };
         let position = Metadata::sequence(metadata.sequence_id)
             .with_timestamp_ms(i64::try_from(metadata.publish_time).ok());
-        let key = metadata.partition_key.clone().map(Bytes::from);
+        let key = metadata.partition_key.take().map(Bytes::from);
         slot.refill(topic, Bytes::from(std::mem::take(&mut payload.data)))
             .set_headers(headers)
             .set_key(key)
@@ -235,7 +235,8 @@ impl Subscription for PulsarSubscription {
                 }
             };
             let topic = self.topics.get(&message.topic);
-            let id = message.message_id.id.clone();
+            // Taken, not cloned: the message is dropped below.
+            let id = std::mem::take(&mut message.message_id.id);
             // (Empty unless a connection was lost: no lookup per message then.)
             if !self.waits.is_empty()
                 && let Some(due) = self.waits.remove(&key(&id))
