@@ -99,10 +99,14 @@ impl PulsarSubscription {
     ) {
         // The message is dropped after this: its parts are taken, not cloned.
         let metadata = &mut payload.metadata;
-        let headers: Headers = std::mem::take(&mut metadata.properties)
-            .into_iter()
-            .map(|kv| (kv.key, Bytes::from(kv.value)))
-            .collect();
+        let headers: Headers = if metadata.properties.is_empty() {
+            Headers::new()
+        } else {
+            std::mem::take(&mut metadata.properties)
+                .into_iter()
+                .map(|kv| (kv.key, Bytes::from(kv.value)))
+                .collect()
+        };
         let attempt = if self.counts {
             let seen = self.attempts.entry(key(id)).or_insert(0);
             *seen += 1;
@@ -121,22 +125,17 @@ impl PulsarSubscription {
             .set_attempt(attempt);
     }
 
-    /// The consumer, subscribing again first when the last one's stream ended.
-    async fn consumer(&mut self) -> Result<&mut Consumer<Vec<u8>, TokioExecutor>, SubscribeError> {
-        // Looked at in place: the consumer is large, and this runs for every message.
-        if self.consumer.is_none() {
-            tokio::time::sleep_until(self.subscribed_at + RESUBSCRIBE_PAUSE).await;
-            self.subscribed_at = Instant::now();
-            let consumer = self.builder.clone().build::<Vec<u8>>().await.map_err(|e| {
+    /// Subscribes again after the last consumer's stream ended.
+    async fn resubscribe(&mut self) -> Result<(), SubscribeError> {
+        tokio::time::sleep_until(self.subscribed_at + RESUBSCRIBE_PAUSE).await;
+        self.subscribed_at = Instant::now();
+        let consumer =
+            self.builder.clone().build::<Vec<u8>>().await.map_err(|e| {
                 SubscribeError::new(&*self.address, format!("subscribing again: {e}"))
             })?;
-            tracing::info!(address = &*self.address, "subscribed again");
-            self.consumer = Some(consumer);
-        }
-        match self.consumer.as_mut() {
-            Some(consumer) => Ok(consumer),
-            None => unreachable!("set just above"),
-        }
+        tracing::info!(address = &*self.address, "subscribed again");
+        self.consumer = Some(consumer);
+        Ok(())
     }
 
     /// The consumer's stream ended: what it delivered and nobody acknowledged, the broker
@@ -208,14 +207,19 @@ impl Subscription for PulsarSubscription {
     ) -> Option<Result<PulsarReceipt, SubscribeError>> {
         loop {
             // Held deliveries whose delay is over are nacked first, by this task (P1, P3).
-            if self.nack_due().await {
+            // Nothing held is the common case: then no clock read, no call.
+            if !self.held.is_empty() && self.nack_due().await {
                 continue;
             }
-            let due = self.held.next_due();
-            let consumer = match self.consumer().await {
-                Ok(consumer) => consumer,
+            if self.consumer.is_none()
+                && let Err(e) = self.resubscribe().await
+            {
                 // The driver logs it, pauses, and asks again.
-                Err(e) => return Some(Err(e)),
+                return Some(Err(e));
+            }
+            let due = self.held.next_due();
+            let Some(consumer) = self.consumer.as_mut() else {
+                unreachable!("subscribed just above");
             };
             let next = match due {
                 None => consumer.next().await,

@@ -114,6 +114,10 @@ impl RabbitSubscription {
     /// call cut short leaves it held for the next call. Held waits are cleared with a
     /// lost session, so these belong to the current one.
     async fn nack_due(&mut self) -> bool {
+        // Nothing held, the common case: no clock read per message.
+        if self.held.is_empty() {
+            return false;
+        }
         let Some(first) = self.held.due_at(Instant::now()) else {
             return false;
         };
