@@ -232,10 +232,13 @@ impl Subscription for RedisSubscription {
             if let Some(entry) = self.ready.pop_front() {
                 return Some(Ok(self.delivery(entry, slot)));
             }
-            match self.claim_due().await {
-                Some(Ok(())) => continue,
-                Some(Err(e)) => return Some(Err(e)),
-                None => {}
+            // Nothing held is the common case: then no clock read, no call.
+            if !self.held.is_empty() {
+                match self.claim_due().await {
+                    Some(Ok(())) => continue,
+                    Some(Err(e)) => return Some(Err(e)),
+                    None => {}
+                }
             }
             // An entry read already goes out at once; before waiting for more, the
             // acknowledgements so far are sent, as one XACK.
