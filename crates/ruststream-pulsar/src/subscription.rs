@@ -211,16 +211,14 @@ impl Subscription for PulsarSubscription {
             if !self.held.is_empty() && self.nack_due().await {
                 continue;
             }
-            if self.consumer.is_none()
-                && let Err(e) = self.resubscribe().await
-            {
-                // The driver logs it, pauses, and asks again.
-                return Some(Err(e));
-            }
-            let due = self.held.next_due();
             let Some(consumer) = self.consumer.as_mut() else {
-                unreachable!("subscribed just above");
+                match self.resubscribe().await {
+                    Ok(()) => continue,
+                    // The driver logs it, pauses, and asks again.
+                    Err(e) => return Some(Err(e)),
+                }
             };
+            let due = self.held.next_due();
             let next = match due {
                 None => consumer.next().await,
                 Some(due) => tokio::select! {
