@@ -114,10 +114,6 @@ impl RabbitSubscription {
     /// call cut short leaves it held for the next call. Held waits are cleared with a
     /// lost session, so these belong to the current one.
     async fn nack_due(&mut self) -> bool {
-        // Nothing held, the common case: no clock read per message.
-        if self.held.is_empty() {
-            return false;
-        }
         let Some(first) = self.held.due_at(Instant::now()) else {
             return false;
         };
@@ -165,7 +161,8 @@ impl Subscription for RabbitSubscription {
         slot: &mut Delivery,
     ) -> Option<Result<RabbitReceipt, SubscribeError>> {
         loop {
-            if self.nack_due().await {
+            // Nothing held, the common case: no call and no clock read per message.
+            if !self.held.is_empty() && self.nack_due().await {
                 continue;
             }
             let Some(session) = &mut self.session else {
