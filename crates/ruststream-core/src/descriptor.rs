@@ -112,6 +112,15 @@ pub trait Subscription: Send + 'static {
         settle: Settle,
     ) -> impl Future<Output = Result<(), AckError>> + Send;
 
+    /// The delivery is not done at once: its handler did not finish in its first poll,
+    /// or it waits for its lane. Called at most once per delivery, before it is settled;
+    /// most deliveries are done at once and never come here. What a transport does for
+    /// long-running deliveries only (JetStream's `+WPI` keepalive) starts here, so the
+    /// common case pays nothing for it.
+    fn running_on(&mut self, receipt: &Self::Receipt) {
+        let _ = receipt;
+    }
+
     /// The delivery waits, unsettled, for its delayed retry copy (a runtime timer): it is
     /// not running any more (Kafka's transactional windows need not wait for it).
     fn parked(&mut self, receipt: &Self::Receipt) {

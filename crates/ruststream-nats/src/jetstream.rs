@@ -241,6 +241,7 @@ impl Descriptor for JetStreamConsumer {
             double_ack: self.double_ack,
             acks: AckReader::default(),
             in_progress,
+            kept_alive: 0,
             keepalive,
         })
     }
@@ -328,8 +329,11 @@ pub struct JetStreamSubscription {
     double_ack: bool,
     /// Reads each delivery's reply subject.
     acks: AckReader,
-    /// Running deliveries, when the keepalive is on.
+    /// Deliveries not done at once, when the keepalive is on.
     in_progress: Option<InProgress>,
+    /// How many of those are in it (only this subscription adds and removes them): a
+    /// settlement looks at the map only when there are some.
+    kept_alive: usize,
     keepalive: Option<JoinHandle<()>>,
 }
 
@@ -338,6 +342,24 @@ impl std::fmt::Debug for JetStreamSubscription {
         f.debug_struct("JetStreamSubscription")
             .field("address", &self.address)
             .finish()
+    }
+}
+
+impl JetStreamSubscription {
+    /// Hands `receipt`'s delivery to the keepalive (when it is on).
+    fn keep_alive(&mut self, (tag, reply): &Receipt) {
+        let Some(progress) = &self.in_progress else {
+            return;
+        };
+        let now = progress.ticks.load(Ordering::Relaxed);
+        let running = Running {
+            reply: reply.clone(),
+            since: now,
+            told: now,
+        };
+        if lock(progress).insert(*tag, running).is_none() {
+            self.kept_alive += 1;
+        }
     }
 }
 
@@ -418,17 +440,6 @@ impl Subscription for JetStreamSubscription {
             );
             let metadata = Metadata::sequence(info.stream_sequence)
                 .with_timestamp_ms(Some(info.published_ns / 1_000_000));
-            if let Some(progress) = &self.in_progress {
-                let now = progress.ticks.load(Ordering::Relaxed);
-                lock(progress).insert(
-                    tag,
-                    Running {
-                        reply: reply.clone(),
-                        since: now,
-                        told: now,
-                    },
-                );
-            }
             // Deliveries in a row mostly share their subject: one string for all of them.
             if *self.last_subject != *subject.as_str() {
                 self.last_subject = Arc::from(subject.as_str());
@@ -443,9 +454,23 @@ impl Subscription for JetStreamSubscription {
         }
     }
 
+    /// Kept alive from now on (`+WPI`, D3): most deliveries are settled in their
+    /// handler's first poll and never need it.
+    fn running_on(&mut self, receipt: &Receipt) {
+        self.keep_alive(receipt);
+    }
+
+    /// Its retry copy waits for a timer; the original, unsettled meanwhile, is kept alive.
+    fn parked(&mut self, receipt: &Receipt) {
+        self.keep_alive(receipt);
+    }
+
     async fn settle(&mut self, (tag, reply): Receipt, settle: Settle) -> Result<(), AckError> {
-        if let Some(running) = &self.in_progress {
-            lock(running).remove(&tag);
+        if self.kept_alive > 0
+            && let Some(running) = &self.in_progress
+            && lock(running).remove(&tag).is_some()
+        {
+            self.kept_alive -= 1;
         }
         let kind = match settle {
             // No outcome: the server redelivers after ack_wait (N1).

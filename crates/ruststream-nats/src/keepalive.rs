@@ -10,17 +10,18 @@ use async_nats::{Client, Subject};
 use bytes::Bytes;
 use ruststream_core::hash::SpreadMap;
 
-/// A delivery handed to the runtime and not settled yet.
+/// A delivery not done at once (its handler did not finish in its first poll, it waited
+/// for its lane, or its retry copy waits for a timer) and not settled yet.
 pub(crate) struct Running {
     pub(crate) reply: Subject,
-    /// The keepalive's tick when it was handed over.
+    /// The keepalive's tick when it was found not done at once.
     pub(crate) since: u64,
     /// The tick when progress was last told.
     pub(crate) told: u64,
 }
 
-/// Running deliveries by consumer sequence, and the keepalive's clock: a tick count, so
-/// handing a delivery over reads an atomic instead of the system clock.
+/// Deliveries not done at once, by consumer sequence, and the keepalive's clock: a tick
+/// count, so adding one reads an atomic instead of the system clock.
 #[derive(Default)]
 pub(crate) struct Progress {
     pub(crate) running: Mutex<SpreadMap<u64, Running>>,
@@ -42,9 +43,13 @@ pub(crate) fn lock(progress: &Progress) -> std::sync::MutexGuard<'_, SpreadMap<u
 /// lets the server redeliver after `ack_wait`. Time is counted in ticks of a quarter of
 /// `ack_wait`; a delivery is told about after at most half of it.
 ///
-/// The keepalive sees when a delivery was handed over, not when its handler started: it
-/// may wait behind one running and one queued delivery of its lane first, each cut at
-/// the deadline. So a delivery is kept alive for at most three deadlines from hand-over.
+/// A delivery comes here when the runtime finds it is not done at once: when it has to
+/// wait for its lane (at hand-over), or when its handler did not finish in its first
+/// poll. One waiting for its lane may wait behind one running and one queued delivery,
+/// each cut at the deadline, so a delivery is kept alive for at most three deadlines
+/// from then. A handler that blocks its thread in its first poll is not told about
+/// while it blocks (nothing runs on the driver's thread meanwhile), which is what D3
+/// asks: the server redelivers it after `ack_wait`.
 pub(crate) async fn keep_alive(
     client: Client,
     progress: InProgress,

@@ -151,11 +151,11 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
         .metrics
         .as_ref()
         .map(|_| Arc::clone(&shared.in_flight));
-    let mut set = LaneSet::new(lanes.count, running, move |job| {
-        lane::handle(shared_ref, job)
+    let mut set = LaneSet::new(lanes.count, running, move |delivery| {
+        lane::handle(shared_ref, delivery)
     });
     let mut timers = Timed::new();
-    let mut pending: Option<(usize, Job<Sub::Receipt>)> = None;
+    let mut pending: Waiting<Sub::Receipt> = None;
     let mut picker = Picker {
         lanes,
         round_robin: 0,
@@ -189,11 +189,16 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
                     shared.health.fetch_failed(false);
                 }
                 let job = set.job(&mut slot, receipt);
-                let lane;
-                (lane, pending) = accept(&shared, &mut set, &mut picker, job);
+                let (lane, started);
+                (lane, started, pending) =
+                    accept(&shared, &mut subscription, &mut set, &mut picker, job);
                 // Most handlers finish in their first poll: settled in this same pass.
                 let Poll::Ready(done) = poll_fn(|cx| Poll::Ready(set.poll_lane(lane, cx))).await
                 else {
+                    // The one just started runs on (one that waits was told in `accept`).
+                    if started && let Some(receipt) = set.receipt(lane) {
+                        subscription.running_on(receipt);
+                    }
                     continue;
                 };
                 set.start_waiting(&mut pending);
@@ -238,14 +243,14 @@ async fn close_within<Sub, S, F, St>(
     subscription: Sub,
     shared: &Arc<Shared<S>>,
     set: LaneSet<Sub::Receipt, F, St>,
-    pending: Option<(usize, Job<Sub::Receipt>)>,
+    pending: Waiting<Sub::Receipt>,
     timers: Timed<Sub::Receipt>,
     deadlines: Deadlines,
 ) where
     Sub: Subscription,
     S: Service,
-    F: Future<Output = Finished<Sub::Receipt>>,
-    St: Fn(Job<Sub::Receipt>) -> F,
+    F: Future<Output = Finished>,
+    St: Fn(Box<Delivery>) -> F,
 {
     let hard = Instant::now() + deadlines.drain + deadlines.close;
     let drained = drain_and_close(subscription, shared, set, pending, timers, deadlines);
@@ -336,8 +341,8 @@ impl<Sub: Subscription> Fetch<'_, Sub> {
         stop: &mut StopSignal,
     ) -> Event<Sub::Receipt>
     where
-        F: Future<Output = Finished<Sub::Receipt>>,
-        St: Fn(Job<Sub::Receipt>) -> F,
+        F: Future<Output = Finished>,
+        St: Fn(Box<Delivery>) -> F,
     {
         let Self {
             subscription,
@@ -371,8 +376,8 @@ fn poll_event<R, F, St, Fetch>(
 ) -> Poll<Event<R>>
 where
     R: Send + 'static,
-    F: Future<Output = Finished<R>>,
-    St: Fn(Job<R>) -> F,
+    F: Future<Output = Finished>,
+    St: Fn(Box<Delivery>) -> F,
     Fetch: Future<Output = Option<Option<Result<R, SubscribeError>>>>,
 {
     if let Poll::Ready(done) = set.poll_finished(cx) {
@@ -418,14 +423,14 @@ async fn drain_and_close<Sub, S, F, St>(
     mut subscription: Sub,
     shared: &Arc<Shared<S>>,
     mut set: LaneSet<Sub::Receipt, F, St>,
-    pending: Option<(usize, Job<Sub::Receipt>)>,
+    pending: Waiting<Sub::Receipt>,
     mut timers: Timed<Sub::Receipt>,
     deadlines: Deadlines,
 ) where
     Sub: Subscription,
     S: Service,
-    F: Future<Output = Finished<Sub::Receipt>>,
-    St: Fn(Job<Sub::Receipt>) -> F,
+    F: Future<Output = Finished>,
+    St: Fn(Box<Delivery>) -> F,
 {
     let mut deadline = pin!(sleep_until(Instant::now() + deadlines.drain));
     if let Some((lane, job)) = pending {
@@ -496,30 +501,40 @@ impl Drop for DelayedGuard {
     }
 }
 
+/// A fetched delivery waiting for room on its lane, and the lane.
+type Waiting<R> = Option<(usize, Job<R>)>;
+
 /// Which lane a delivery goes to.
 struct Picker {
     lanes: Lanes,
     round_robin: usize,
 }
 
-/// A fetched delivery, counted in flight and offered to its lane (returned): a lane with
-/// room takes it at once; a full one is waited for (handed back, to be kept pending).
-fn accept<S, R, F, St>(
+/// A fetched delivery, counted in flight and offered to its lane (returned, with whether
+/// it started there): a free lane starts it; a busy one queues it or, full, makes it wait
+/// (handed back, to be kept pending). One that does not start is not done at once: the
+/// subscription is told so.
+fn accept<Sub: Subscription, S, F, St>(
     shared: &Shared<S>,
-    set: &mut LaneSet<R, F, St>,
+    subscription: &mut Sub,
+    set: &mut LaneSet<Sub::Receipt, F, St>,
     picker: &mut Picker,
-    job: Job<R>,
-) -> (usize, Option<(usize, Job<R>)>)
+    job: Job<Sub::Receipt>,
+) -> (usize, bool, Waiting<Sub::Receipt>)
 where
-    F: Future<Output = Finished<R>>,
-    St: Fn(Job<R>) -> F,
+    F: Future<Output = Finished>,
+    St: Fn(Box<Delivery>) -> F,
 {
     if let Some(metrics) = &shared.metrics {
         metrics.deliveries.inc();
     }
     shared.begin();
     let lane = pick_lane(&job.delivery, &picker.lanes, &mut picker.round_robin);
-    (lane, set.offer(lane, job).map(|job| (lane, job)))
+    let started = set.is_free(lane);
+    if !started {
+        subscription.running_on(&job.receipt);
+    }
+    (lane, started, set.offer(lane, job).map(|job| (lane, job)))
 }
 
 fn pick_lane(delivery: &Delivery, lanes: &Lanes, round_robin: &mut usize) -> usize {

@@ -9,7 +9,7 @@ use std::task::Poll;
 use super::copy;
 use super::lanes::Finished;
 use super::mount::Handled;
-use super::shared::{Done, Job, Shared};
+use super::shared::{Done, Shared};
 use super::unwind::{CatchUnwind, Caught};
 use crate::backoff::RERUN_FLOOR;
 use crate::extract::Incoming;
@@ -22,10 +22,10 @@ use ruststream_core::{
     AckError, Delivery, HandlerOutcome, OutcomeKind, Plan, Settle, Verdict, plan,
 };
 
-/// Runs a job; returns what to settle and, unless a delayed copy keeps it, the box the
-/// delivery came in.
-pub(crate) async fn handle<S: Service, R>(shared: &Shared<S>, job: Job<R>) -> Finished<R> {
-    let mut incoming = Incoming::new(job.delivery, Arc::clone(&shared.context));
+/// Runs a delivery; returns what to settle and, unless a delayed copy keeps it, the box
+/// the delivery came in. (Its receipt stays with the lanes.)
+pub(crate) async fn handle<S: Service>(shared: &Shared<S>, delivery: Box<Delivery>) -> Finished {
+    let mut incoming = Incoming::new(delivery, Arc::clone(&shared.context));
     let mut reruns = 0;
     loop {
         let called = shared.metrics.as_ref().map(Instruments::now);
@@ -50,7 +50,7 @@ pub(crate) async fn handle<S: Service, R>(shared: &Shared<S>, job: Job<R>) -> Fi
             }
             Some(c) => {
                 let delayed = Done::Delayed {
-                    receipt: job.receipt,
+                    receipt: (),
                     delivery: incoming.into_delivery(),
                     copy: c,
                     settle: plan.settle,
@@ -71,7 +71,7 @@ pub(crate) async fn handle<S: Service, R>(shared: &Shared<S>, job: Job<R>) -> Fi
             continue;
         }
         let settled = Done::Settle {
-            receipt: job.receipt,
+            receipt: (),
             settle,
         };
         return (settled, Some(incoming.into_delivery()));

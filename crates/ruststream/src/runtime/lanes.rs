@@ -4,7 +4,10 @@
 //! delivery is a future in a box the lane keeps for its whole life: a new delivery
 //! replaces the finished one in place, so starting one allocates nothing, and nothing
 //! here is shared with another task, so nothing takes a lock or needs a waker of its
-//! own (the driver polls its lanes on every pass of its loop).
+//! own (the driver polls its lanes on every pass of its loop). A running delivery's
+//! receipt stays here beside its future, not inside it: the driver can look at it while
+//! the handler runs (`Subscription::running_on`), and it is not moved through the
+//! future's state.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -22,13 +25,16 @@ use crate::in_flight::InFlight;
 /// fetching instead of growing memory.
 pub(crate) const LANE_QUEUE: usize = 1;
 
-/// What a lane hands back when a delivery is done with: what to settle and, unless a
-/// delayed copy keeps it, the box the delivery came in.
-pub(crate) type Finished<R> = (Done<R>, Option<Box<Delivery>>);
+/// What a lane hands back when a delivery is done with: what to settle (the receipt is
+/// added by the lanes, which keep it) and, unless a delayed copy keeps it, the box the
+/// delivery came in.
+pub(crate) type Finished = (Done<()>, Option<Box<Delivery>>);
 
 pub(crate) struct Lanes<R, F, St> {
     start: St,
     running: Vec<Pin<Box<Option<F>>>>,
+    /// The receipt of each lane's running delivery: there exactly while its future is.
+    receipts: Vec<Option<R>>,
     queues: Vec<VecDeque<Job<R>>>,
     /// Lanes with a delivery running.
     busy: usize,
@@ -50,15 +56,16 @@ pub(crate) struct Lanes<R, F, St> {
 
 impl<R, F, St> Lanes<R, F, St>
 where
-    F: Future<Output = Finished<R>>,
-    St: Fn(Job<R>) -> F,
+    F: Future<Output = Finished>,
+    St: Fn(Box<Delivery>) -> F,
 {
-    /// `count` lanes; `start` turns a job into the future that runs it; the number of
+    /// `count` lanes; `start` turns a delivery into the future that runs it; the number of
     /// running deliveries is kept in `published`'s `running` when given.
     pub(crate) fn new(count: usize, published: Option<Arc<InFlight>>, start: St) -> Self {
         Self {
             start,
             running: (0..count).map(|_| Box::pin(None)).collect(),
+            receipts: (0..count).map(|_| None).collect(),
             queues: (0..count)
                 .map(|_| VecDeque::with_capacity(LANE_QUEUE))
                 .collect(),
@@ -87,6 +94,18 @@ where
             delivery: std::mem::replace(slot, next),
             receipt,
         }
+    }
+
+    /// Whether `lane` runs nothing: a job offered to it starts at once.
+    #[inline]
+    pub(crate) fn is_free(&self, lane: usize) -> bool {
+        self.running[lane].is_none()
+    }
+
+    /// The receipt of the delivery `lane` runs.
+    #[inline]
+    pub(crate) fn receipt(&self, lane: usize) -> Option<&R> {
+        self.receipts[lane].as_ref()
     }
 
     /// Starts `job` on `lane` or queues it there when it has room; hands it back when not.
@@ -127,7 +146,8 @@ where
     }
 
     fn start(&mut self, lane: usize, job: Job<R>) {
-        self.running[lane].set(Some((self.start)(job)));
+        self.receipts[lane] = Some(job.receipt);
+        self.running[lane].set(Some((self.start)(job.delivery)));
         self.busy += 1;
         self.publish();
     }
@@ -158,6 +178,9 @@ where
         };
         let (done, spare) = std::task::ready!(future.poll(cx));
         self.running[lane].set(None);
+        let receipt = self.receipts[lane]
+            .take()
+            .expect("a lane keeps the receipt of the delivery it runs");
         self.busy -= 1;
         self.publish();
         if let Some(spare) = spare
@@ -168,7 +191,7 @@ where
         if let Some(next) = self.queues[lane].pop_front() {
             self.start(lane, next);
         }
-        Poll::Ready(done)
+        Poll::Ready(done.with_receipt(receipt))
     }
 
     fn publish(&self) {

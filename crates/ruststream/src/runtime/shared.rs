@@ -78,3 +78,25 @@ pub(crate) enum Done<R> {
     /// Left unsettled on purpose: the broker brings it back (a held original at stop).
     HandedBack,
 }
+
+impl Done<()> {
+    /// What a lane finished, with the receipt of its delivery (which the lanes keep).
+    #[inline]
+    pub(crate) fn with_receipt<R>(self, receipt: R) -> Done<R> {
+        match self {
+            Done::Settle { settle, .. } => Done::Settle { receipt, settle },
+            Done::Delayed {
+                delivery,
+                copy,
+                settle,
+                ..
+            } => Done::Delayed {
+                receipt,
+                delivery,
+                copy,
+                settle,
+            },
+            Done::HandedBack => Done::HandedBack,
+        }
+    }
+}
