@@ -514,6 +514,7 @@ struct Picker {
 /// it started there): a free lane starts it; a busy one queues it or, full, makes it wait
 /// (handed back, to be kept pending). One that does not start is not done at once: the
 /// subscription is told so.
+#[inline(always)]
 fn accept<Sub: Subscription, S, F, St>(
     shared: &Shared<S>,
     subscription: &mut Sub,

@@ -145,6 +145,7 @@ where
         }
     }
 
+    #[inline]
     fn start(&mut self, lane: usize, job: Job<R>) {
         self.receipts[lane] = Some(job.receipt);
         self.running[lane].set(Some((self.start)(job.delivery)));

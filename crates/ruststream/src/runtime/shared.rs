@@ -81,7 +81,7 @@ pub(crate) enum Done<R> {
 
 impl Done<()> {
     /// What a lane finished, with the receipt of its delivery (which the lanes keep).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn with_receipt<R>(self, receipt: R) -> Done<R> {
         match self {
             Done::Settle { settle, .. } => Done::Settle { receipt, settle },
