@@ -18,7 +18,7 @@ use tokio::time::{Instant, sleep_until};
 
 use super::lanes::{Finished, Lanes as LaneSet};
 use super::quiet::ErrorRun;
-use super::shared::{Done, Job, Shared};
+use super::shared::{Done, Fate, Job, Shared};
 use super::{copy, lane};
 use crate::middleware::Service;
 use crate::ops::SettleError;
@@ -214,21 +214,19 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
                 break;
             }
         };
-        match done {
+        let Done { receipt, fate } = done;
+        match fate {
             // Nothing to settle (a Core NATS delivery, an original whose copy went out).
-            Done::Settle {
-                settle: Settle::Nothing,
-                ..
-            } => shared.end(),
-            // The common case, taken apart here: the receipt moves on alone, not inside
-            // the whole `Done` (which a large receipt makes a `memcpy` per move).
-            Done::Settle { receipt, settle } => {
+            Fate::Settle(Settle::Nothing) => shared.end(),
+            // The common case, taken apart here.
+            Fate::Settle(settle) => {
                 let errors = &mut settle_errors;
                 settle_one(&mut subscription, &shared, receipt, settle, errors).await;
             }
-            done => {
+            fate => {
                 let errors = &mut settle_errors;
-                apply(&mut subscription, &shared, done, &mut timers, errors).await;
+                let timers = &mut timers;
+                apply(&mut subscription, &shared, receipt, fate, timers, errors).await;
             }
         }
     }
@@ -456,15 +454,17 @@ async fn drain_and_close<Sub, S, F, St>(
         })
         .await;
         match done {
-            Some(done) => {
+            Some(Done { receipt, fate }) => {
+                let errors = &mut settle_errors;
                 apply(
                     &mut subscription,
                     shared,
-                    done,
+                    receipt,
+                    fate,
                     &mut timers,
-                    &mut settle_errors,
+                    errors,
                 )
-                .await
+                .await;
             }
             None => {
                 tracing::warn!(
@@ -576,17 +576,17 @@ async fn settle_one<Sub: Subscription, S>(
 async fn apply<Sub: Subscription, S: Service>(
     subscription: &mut Sub,
     shared: &Arc<Shared<S>>,
-    done: Done<Sub::Receipt>,
+    receipt: Sub::Receipt,
+    fate: Fate,
     timers: &mut Timed<Sub::Receipt>,
     settle_errors: &mut ErrorRun,
 ) {
-    match done {
-        Done::Settle { receipt, settle } => {
+    match fate {
+        Fate::Settle(settle) => {
             settle_one(subscription, shared, receipt, settle, settle_errors).await;
         }
-        Done::HandedBack => shared.end(),
-        Done::Delayed {
-            receipt,
+        Fate::HandedBack => shared.end(),
+        Fate::Delayed {
             delivery,
             copy,
             settle,
@@ -608,7 +608,8 @@ async fn apply<Sub: Subscription, S: Service>(
                 };
                 if stopped && shared.capabilities.holds_original {
                     // The original is still unsettled: the broker brings it back.
-                    return Done::HandedBack;
+                    let fate = Fate::HandedBack;
+                    return Done { receipt, fate };
                 }
                 if stopped {
                     tracing::warn!(
@@ -618,7 +619,8 @@ async fn apply<Sub: Subscription, S: Service>(
                     );
                 }
                 let settle = copy::deliver(&shared, &delivery, copy, settle).await;
-                Done::Settle { receipt, settle }
+                let fate = Fate::Settle(settle);
+                Done { receipt, fate }
             });
         }
     }

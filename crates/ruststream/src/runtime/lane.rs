@@ -9,7 +9,7 @@ use std::task::Poll;
 use super::copy;
 use super::lanes::Finished;
 use super::mount::Handled;
-use super::shared::{Done, Shared};
+use super::shared::{Fate, Shared};
 use super::unwind::{CatchUnwind, Caught};
 use crate::backoff::RERUN_FLOOR;
 use crate::extract::Incoming;
@@ -49,8 +49,7 @@ pub(crate) async fn handle<S: Service>(shared: &Shared<S>, delivery: Box<Deliver
                 copy::deliver(shared, incoming.delivery(), c, plan.settle).await
             }
             Some(c) => {
-                let delayed = Done::Delayed {
-                    receipt: (),
+                let delayed = Fate::Delayed {
                     delivery: incoming.into_delivery(),
                     copy: c,
                     settle: plan.settle,
@@ -65,16 +64,12 @@ pub(crate) async fn handle<S: Service>(shared: &Shared<S>, delivery: Box<Deliver
             reruns += 1;
             if !copy::wait_unless_stopped(&shared.stop, RERUN_FLOOR.delay(reruns)).await {
                 // Stopping: left unsettled, the broker brings it back.
-                return (Done::HandedBack, Some(incoming.into_delivery()));
+                return (Fate::HandedBack, Some(incoming.into_delivery()));
             }
             incoming.count_attempt();
             continue;
         }
-        let settled = Done::Settle {
-            receipt: (),
-            settle,
-        };
-        return (settled, Some(incoming.into_delivery()));
+        return (Fate::Settle(settle), Some(incoming.into_delivery()));
     }
 }
 

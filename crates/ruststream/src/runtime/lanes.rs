@@ -18,17 +18,17 @@ use std::task::{Context, Poll};
 
 use ruststream_core::Delivery;
 
-use super::shared::{Done, Job};
+use super::shared::{Done, Fate, Job};
 use crate::in_flight::InFlight;
 
 /// Deliveries a lane holds beyond the one it runs: small, so a slow handler holds back
 /// fetching instead of growing memory.
 pub(crate) const LANE_QUEUE: usize = 1;
 
-/// What a lane hands back when a delivery is done with: what to settle (the receipt is
-/// added by the lanes, which keep it) and, unless a delayed copy keeps it, the box the
+/// What a lane hands back when a delivery is done with: what it came to (the lanes add
+/// its receipt, which they keep) and, unless a delayed copy keeps it, the box the
 /// delivery came in.
-pub(crate) type Finished = (Done<()>, Option<Box<Delivery>>);
+pub(crate) type Finished = (Fate, Option<Box<Delivery>>);
 
 pub(crate) struct Lanes<R, F, St> {
     start: St,
@@ -177,7 +177,7 @@ where
         let Some(future) = self.running[lane].as_mut().as_pin_mut() else {
             return Poll::Pending;
         };
-        let (done, spare) = std::task::ready!(future.poll(cx));
+        let (fate, spare) = std::task::ready!(future.poll(cx));
         self.running[lane].set(None);
         let receipt = self.receipts[lane]
             .take()
@@ -192,7 +192,7 @@ where
         if let Some(next) = self.queues[lane].pop_front() {
             self.start(lane, next);
         }
-        Poll::Ready(done.with_receipt(receipt))
+        Poll::Ready(Done { receipt, fate })
     }
 
     fn publish(&self) {

@@ -63,13 +63,19 @@ pub(crate) struct Job<R> {
     pub(crate) receipt: R,
 }
 
-/// What a lane or a timer hands back to the driver.
-pub(crate) enum Done<R> {
+/// What a lane or a timer hands back to the driver: a delivery's receipt, and what the
+/// delivery came to.
+pub(crate) struct Done<R> {
+    pub(crate) receipt: R,
+    pub(crate) fate: Fate,
+}
+
+/// What a delivery came to.
+pub(crate) enum Fate {
     /// Settle the original (maybe with `Settle::Nothing`).
-    Settle { receipt: R, settle: Settle },
+    Settle(Settle),
     /// Publish `copy` after its delay, then settle the original.
     Delayed {
-        receipt: R,
         // Boxed: delayed copies are rare, and the common variant stays small.
         delivery: Box<Delivery>,
         copy: PlannedCopy,
@@ -77,26 +83,4 @@ pub(crate) enum Done<R> {
     },
     /// Left unsettled on purpose: the broker brings it back (a held original at stop).
     HandedBack,
-}
-
-impl Done<()> {
-    /// What a lane finished, with the receipt of its delivery (which the lanes keep).
-    #[inline(always)]
-    pub(crate) fn with_receipt<R>(self, receipt: R) -> Done<R> {
-        match self {
-            Done::Settle { settle, .. } => Done::Settle { receipt, settle },
-            Done::Delayed {
-                delivery,
-                copy,
-                settle,
-                ..
-            } => Done::Delayed {
-                receipt,
-                delivery,
-                copy,
-                settle,
-            },
-            Done::HandedBack => Done::HandedBack,
-        }
-    }
 }
