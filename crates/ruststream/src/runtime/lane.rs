@@ -30,6 +30,9 @@ pub(crate) async fn handle<S: Service>(shared: &Shared<S>, delivery: Box<Deliver
     loop {
         let called = shared.metrics.as_ref().map(Instruments::now);
         let (completion, report) = call(shared, &incoming).await;
+        if let Some(settle) = settled_as_planned(shared, incoming.delivery(), &completion) {
+            return (Fate::Settle(settle), Some(incoming.into_delivery()));
+        }
         let plan = decide(shared, incoming.delivery(), &completion, report);
         if let (Some(metrics), Some(called)) = (&shared.metrics, called) {
             metrics.observe_since(called);
@@ -71,6 +74,33 @@ pub(crate) async fn handle<S: Service>(shared: &Shared<S>, delivery: Box<Deliver
         }
         return (Fate::Settle(settle), Some(incoming.into_delivery()));
     }
+}
+
+/// The common case: an `ack()` or a `drop()`, whose plan was made once for the
+/// registration, with no metrics or observer to tell about it. Its settlement, reported
+/// as `decide` would when the broker has no operation for it (Core NATS); `None` for
+/// anything else, which `decide` plans.
+#[inline]
+fn settled_as_planned<S>(
+    shared: &Shared<S>,
+    delivery: &Delivery,
+    completion: &Completion,
+) -> Option<Settle> {
+    if shared.metrics.is_some() || shared.observer.is_some() {
+        return None;
+    }
+    let Completion::Outcome(outcome) = completion else {
+        return None;
+    };
+    let plan = match outcome.kind() {
+        OutcomeKind::Ack => &shared.planned.ack,
+        OutcomeKind::Drop => &shared.planned.drop,
+        OutcomeKind::Retry { .. } => return None,
+    };
+    if let Some(error) = &plan.error {
+        report_unsupported(shared, delivery, completion, plan, error);
+    }
+    Some(plan.settle)
 }
 
 /// Runs the handler within its deadline (G1), catching its panics (E2).

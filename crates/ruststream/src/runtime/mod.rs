@@ -68,7 +68,10 @@ impl<D: Descriptor, S: Service> Mount for Registration<D, S> {
                     subscription.backlog(),
                 )
             });
+            // `ack()` and `drop()` plan alike for every delivery of a registration.
+            let planned = shared::Planned::for_registration(&declaration, &capabilities);
             let shared = Arc::new(Shared {
+                planned,
                 context: Arc::new(Context {
                     registration: Arc::clone(&registration),
                     state: env.state,

@@ -4,7 +4,10 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use ruststream_core::{Capabilities, Declaration, Delivery, PlannedCopy, Publish, Settle};
+use ruststream_core::{
+    Capabilities, Declaration, Delivery, HandlerOutcome, Plan, PlannedCopy, Publish, Settle,
+    Verdict, plan,
+};
 use tokio::sync::watch;
 
 use super::mount::Observe;
@@ -18,6 +21,8 @@ use crate::registration::FailurePolicy;
 /// What the driver and its lanes share.
 pub(crate) struct Shared<S> {
     pub(crate) service: S,
+    /// The plans of `ack()` and `drop()`, made once.
+    pub(crate) planned: Planned,
     pub(crate) context: Arc<Context>,
     pub(crate) registration: Arc<str>,
     pub(crate) declaration: Declaration,
@@ -54,6 +59,24 @@ impl<S> Shared<S> {
     pub(crate) fn end(&self) {
         let count = &self.in_flight.count;
         count.store(count.load(Ordering::Relaxed) - 1, Ordering::Relaxed);
+    }
+}
+
+/// The plans of `ack()` and `drop()` for one registration: neither depends on the
+/// delivery (its attempt, its headers), only on the declaration and the broker's
+/// capabilities, so they are made once instead of for every delivery.
+pub(crate) struct Planned {
+    pub(crate) ack: Plan,
+    pub(crate) drop: Plan,
+}
+
+impl Planned {
+    pub(crate) fn for_registration(declaration: &Declaration, capabilities: &Capabilities) -> Self {
+        let once = |outcome| plan(Verdict::Outcome(outcome), 1, declaration, capabilities);
+        Self {
+            ack: once(HandlerOutcome::ack()),
+            drop: once(HandlerOutcome::drop()),
+        }
     }
 }
 
