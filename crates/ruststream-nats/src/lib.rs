@@ -50,10 +50,11 @@
 //! # Guard rails (SPEC G1-G8): deadlines, refused copies, bounds, start position
 //!
 //! - Handlers run within the registration's `timeout` (the app's default is 30 s). The
-//!   `+WPI` keepalive is never sent for a delivery past it (at most three deadlines from
-//!   hand-over, since a delivery may wait behind one running and one queued in its lane),
-//!   so a handler that cannot be cancelled still gets the delivery redelivered after
-//!   `ack_wait`.
+//!   `+WPI` keepalive covers only deliveries that are not done at once (one waiting for
+//!   its lane, from hand-over; one whose handler yields, from its first poll) and is never
+//!   sent for one past the deadline (at most three deadlines, since a delivery may wait
+//!   behind one running and one queued in its lane), so a handler that cannot be
+//!   cancelled still gets the delivery redelivered after `ack_wait`.
 //! - A dead letter JetStream refuses (the stream full with discard-new, the message over
 //!   the stream's size limit, no stream) is not retried in a loop: the original is
 //!   `-NAK`ed with a delay of 1 s doubling to 5 min per refusal in a row, and comes back.
