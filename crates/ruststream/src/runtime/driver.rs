@@ -538,10 +538,16 @@ where
     (lane, started, set.offer(lane, job).map(|job| (lane, job)))
 }
 
+/// The lane a delivery goes to: the only one, mostly (no call then).
+#[inline(always)]
 fn pick_lane(delivery: &Delivery, lanes: &Lanes, round_robin: &mut usize) -> usize {
     if lanes.count == 1 {
         return 0;
     }
+    pick_of_many(delivery, lanes, round_robin)
+}
+
+fn pick_of_many(delivery: &Delivery, lanes: &Lanes, round_robin: &mut usize) -> usize {
     let mut hasher = DefaultHasher::new();
     match (lanes.key, delivery.metadata().partition, delivery.key()) {
         (LaneKey::Partition, Some(partition), _) => partition.hash(&mut hasher),

@@ -155,11 +155,17 @@ where
 
     /// Polls the running deliveries; what the first one done asks to settle is
     /// returned, and its lane has already started the next one it holds.
+    #[inline(always)]
     pub(crate) fn poll_finished(&mut self, cx: &mut Context<'_>) -> Poll<Done<R>> {
-        let count = self.running.len();
+        // Nothing running, the common case on every pass: no call.
         if self.busy == 0 {
             return Poll::Pending;
         }
+        self.poll_running(cx)
+    }
+
+    fn poll_running(&mut self, cx: &mut Context<'_>) -> Poll<Done<R>> {
+        let count = self.running.len();
         for i in 0..count {
             let lane = (self.scan_from + i) % count;
             if let Poll::Ready(done) = self.poll_lane(lane, cx) {
