@@ -136,6 +136,44 @@ fn dead_letter_then(settle: Settle) -> Plan {
     }
 }
 
+/// The runtime plans `ack()` and `drop()` once per registration (at attempt 1) and uses
+/// that plan for every delivery: it holds only while neither plan depends on the
+/// attempt, on any broker, whatever the declaration.
+#[test]
+fn ack_and_drop_plans_do_not_depend_on_the_attempt() {
+    let brokers = [
+        KAFKA_AUTO,
+        KAFKA_TRACKED,
+        KAFKA_TRANSACTIONAL,
+        JETSTREAM,
+        CORE,
+        PULSAR_SHARED,
+        PULSAR_EXCLUSIVE,
+        REDIS,
+    ];
+    let declarations = [
+        undeclared(None),
+        undeclared(Some("orders.retry")),
+        capped(1, None),
+        capped(3, Some("orders.dead")),
+    ];
+    for caps in &brokers {
+        for decl in &declarations {
+            for outcome in [HandlerOutcome::ack(), HandlerOutcome::drop()] {
+                let once = run(outcome, 1, decl, caps);
+                assert!(once.copy.is_none(), "{outcome} copies nothing: {caps:?}");
+                for attempt in [2, 3, 4, 10, 1_000, u32::MAX] {
+                    assert_eq!(
+                        run(outcome, attempt, decl, caps),
+                        once,
+                        "{outcome} at attempt {attempt} on {caps:?} with {decl:?}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 mod elsewhere;
 mod kafka;
 mod nats;
