@@ -1,6 +1,7 @@
 //! A message as received from a broker.
 
-use std::sync::Arc;
+use std::fmt;
+use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 
@@ -131,8 +132,25 @@ impl Metadata {
     }
 }
 
+/// Headers a transport reads from its client's record only when someone asks for them
+/// (librdkafka parses a record's header section on first access, at a cost of about a
+/// thousand instructions a record, whether or not it holds any). Given to
+/// [`Delivery::set_headers_from`]; the delivery keeps it until it is done with the
+/// delivery or keeps the delivery longer ([`Delivery::own_headers`]).
+pub trait HeaderSource: Send + Sync {
+    /// The record's headers, read from the client (once per delivery).
+    fn read(&self) -> Headers;
+}
+
+/// Headers and the attempt they say, read from a [`HeaderSource`] when first asked for.
+/// The source is the last field, so one box holds all three.
+struct Lazy<S: ?Sized> {
+    headers: OnceLock<Headers>,
+    attempt: OnceLock<Attempt>,
+    source: S,
+}
+
 /// One received message: payload, headers, key, where it came from and which attempt it is.
-#[derive(Debug, Clone)]
 pub struct Delivery {
     payload: Bytes,
     headers: Headers,
@@ -141,6 +159,38 @@ pub struct Delivery {
     metadata: Metadata,
     attempt: Attempt,
     reply_to: Option<Arc<str>>,
+    /// When set, the headers and the attempt are its, not the two fields above.
+    lazy: Option<Box<Lazy<dyn HeaderSource>>>,
+}
+
+/// A clone holds its headers itself (read now if they were not yet), not the source.
+impl Clone for Delivery {
+    fn clone(&self) -> Self {
+        Self {
+            payload: self.payload.clone(),
+            headers: self.headers().clone(),
+            key: self.key.clone(),
+            address: Arc::clone(&self.address),
+            metadata: self.metadata,
+            attempt: self.attempt(),
+            reply_to: self.reply_to.clone(),
+            lazy: None,
+        }
+    }
+}
+
+impl fmt::Debug for Delivery {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Delivery")
+            .field("payload", &self.payload)
+            .field("headers", self.headers())
+            .field("key", &self.key)
+            .field("address", &self.address)
+            .field("metadata", &self.metadata)
+            .field("attempt", &self.attempt())
+            .field("reply_to", &self.reply_to)
+            .finish()
+    }
 }
 
 impl Delivery {
@@ -155,6 +205,7 @@ impl Delivery {
             metadata: Metadata::default(),
             attempt: Attempt::from_broker(1),
             reply_to: None,
+            lazy: None,
         }
     }
 
@@ -184,6 +235,7 @@ impl Delivery {
         self.metadata = Metadata::default();
         self.attempt = Attempt::from_broker(1);
         self.reply_to = None;
+        self.discard_source();
         self
     }
 
@@ -191,7 +243,59 @@ impl Delivery {
     #[inline]
     pub fn set_headers(&mut self, headers: Headers) -> &mut Self {
         self.headers = headers;
+        self.discard_source();
         self
+    }
+
+    /// Leaves the headers, and the attempt (the retry-count header's, as
+    /// [`Attempt::from_headers`] reads it), to be read from `source` when first asked for:
+    /// a delivery whose headers nobody reads never pays for reading them. A malformed
+    /// retry-count header is logged (a warning naming the address) when it is read.
+    #[inline]
+    pub fn set_headers_from(&mut self, source: impl HeaderSource + 'static) -> &mut Self {
+        self.lazy = Some(Box::new(Lazy {
+            headers: OnceLock::new(),
+            attempt: OnceLock::new(),
+            source,
+        }));
+        self
+    }
+
+    /// Reads now whatever was left to read from a [`HeaderSource`], and lets go of it (and
+    /// of the client's record it holds). The runtime calls this before it keeps a
+    /// delivery past its handler (a delayed copy).
+    #[inline]
+    pub fn own_headers(&mut self) {
+        if self.lazy.is_some() {
+            self.own_headers_now();
+        }
+    }
+
+    #[cold]
+    fn own_headers_now(&mut self) {
+        let attempt = self.attempt();
+        if let Some(mut lazy) = self.lazy.take() {
+            self.headers = match lazy.headers.take() {
+                Some(headers) => headers,
+                None => lazy.source.read(),
+            };
+        }
+        self.attempt = attempt;
+    }
+
+    /// Done with this delivery: lets go of a [`HeaderSource`] (and the client's record it
+    /// holds) without reading it, as the runtime does with a box it keeps for reuse. What
+    /// was not read reads as empty (no headers, attempt 1) from then on.
+    #[inline]
+    pub fn discard_source(&mut self) {
+        if self.lazy.is_some() {
+            self.discard_source_now();
+        }
+    }
+
+    #[cold]
+    fn discard_source_now(&mut self) {
+        self.lazy = None;
     }
 
     /// Sets the key in place.
@@ -211,6 +315,7 @@ impl Delivery {
     /// Sets the attempt in place.
     #[inline]
     pub fn set_attempt(&mut self, attempt: Attempt) -> &mut Self {
+        self.own_headers();
         self.attempt = attempt;
         self
     }
@@ -238,7 +343,7 @@ impl Delivery {
     /// Sets the headers.
     #[inline]
     pub fn with_headers(mut self, headers: Headers) -> Self {
-        self.headers = headers;
+        self.set_headers(headers);
         self
     }
 
@@ -259,13 +364,14 @@ impl Delivery {
     /// Sets the attempt.
     #[inline]
     pub fn with_attempt(mut self, attempt: Attempt) -> Self {
-        self.attempt = attempt;
+        self.set_attempt(attempt);
         self
     }
 
     /// Counts one more attempt (the runtime runs the delivery again in place).
     #[inline]
     pub fn count_attempt(&mut self) {
+        self.own_headers();
         self.attempt = self.attempt.next();
     }
 
@@ -278,7 +384,10 @@ impl Delivery {
     /// The headers, as received.
     #[inline]
     pub fn headers(&self) -> &Headers {
-        &self.headers
+        match &self.lazy {
+            None => &self.headers,
+            Some(lazy) => lazy.headers.get_or_init(|| lazy.source.read()),
+        }
     }
 
     /// The key (Kafka record key, Pulsar partition key), if any.
@@ -308,7 +417,19 @@ impl Delivery {
     /// Which attempt this is.
     #[inline]
     pub fn attempt(&self) -> Attempt {
-        self.attempt
+        match &self.lazy {
+            None => self.attempt,
+            Some(lazy) => *lazy.attempt.get_or_init(|| self.attempt_from_headers()),
+        }
+    }
+
+    #[cold]
+    fn attempt_from_headers(&self) -> Attempt {
+        let (attempt, malformed) = Attempt::from_headers(self.headers());
+        if let Some(error) = malformed {
+            tracing::warn!(address = &*self.address, offset = self.metadata.offset, %error, "counting it as the first attempt");
+        }
+        attempt
     }
 }
 
@@ -333,5 +454,93 @@ mod tests {
         assert!(bad.is_some());
         h.insert(RETRY_COUNT_HEADER, "4294967295");
         assert_eq!(Attempt::from_headers(&h).0.number(), u32::MAX);
+    }
+
+    /// Counts its reads, and its own drop (the client's record it stands for let go).
+    struct Counted {
+        headers: Headers,
+        reads: Arc<std::sync::atomic::AtomicUsize>,
+        _alive: Arc<()>,
+    }
+
+    impl HeaderSource for Counted {
+        fn read(&self) -> Headers {
+            self.reads
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.headers.clone()
+        }
+    }
+
+    fn lazy(retry_count: &str) -> (Delivery, Arc<std::sync::atomic::AtomicUsize>, Arc<()>) {
+        let mut headers = Headers::new();
+        headers.insert(RETRY_COUNT_HEADER, retry_count.to_owned());
+        let (reads, alive) = (Arc::default(), Arc::new(()));
+        let mut delivery = Delivery::empty();
+        delivery
+            .refill(&Arc::from("orders"), Bytes::from_static(b"{}"))
+            .set_headers_from(Counted {
+                headers,
+                reads: Arc::clone(&reads),
+                _alive: Arc::clone(&alive),
+            });
+        (delivery, reads, alive)
+    }
+
+    fn reads(count: &std::sync::atomic::AtomicUsize) -> usize {
+        count.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    #[test]
+    fn headers_from_a_source_are_read_once_and_only_when_asked() {
+        let (mut delivery, count, alive) = lazy("2");
+        assert_eq!(delivery.payload().as_ref(), b"{}");
+        assert_eq!(reads(&count), 0, "nothing asked for the headers yet");
+        assert_eq!(
+            delivery.attempt(),
+            Attempt::from_header_count(2),
+            "the attempt is the header's"
+        );
+        assert_eq!(
+            delivery.headers().get(RETRY_COUNT_HEADER).map(|v| &v[..]),
+            Some(&b"2"[..])
+        );
+        assert_eq!(reads(&count), 1, "read once, however often asked");
+        let copy = delivery.clone();
+        assert_eq!(reads(&count), 1);
+        assert_eq!(copy.attempt().number(), 3);
+        assert_eq!(
+            Arc::strong_count(&alive),
+            2,
+            "a clone does not hold the source"
+        );
+        delivery.own_headers();
+        assert_eq!(Arc::strong_count(&alive), 1, "owned: the source is let go");
+        assert_eq!(delivery.attempt().number(), 3);
+        assert_eq!(delivery.headers().len(), 1);
+        delivery.count_attempt();
+        assert_eq!(delivery.attempt().number(), 4);
+        assert_eq!(reads(&count), 1);
+    }
+
+    #[test]
+    fn a_source_is_let_go_unread_or_read_at_once_as_asked() {
+        // Done with: let go without reading.
+        let (mut delivery, count, alive) = lazy("0");
+        delivery.discard_source();
+        assert_eq!((reads(&count), Arc::strong_count(&alive)), (0, 1));
+        // Kept past its handler: read now, then let go.
+        let (mut delivery, count, alive) = lazy("5");
+        delivery.own_headers();
+        assert_eq!((reads(&count), Arc::strong_count(&alive)), (1, 1));
+        assert_eq!(delivery.attempt().number(), 6);
+        // Refilled: the next message's headers are its own.
+        let (mut delivery, count, alive) = lazy("1");
+        delivery.refill(&Arc::from("orders"), Bytes::new());
+        assert_eq!((reads(&count), Arc::strong_count(&alive)), (0, 1));
+        assert!(delivery.headers().is_empty());
+        assert_eq!(delivery.attempt().number(), 1);
+        // A malformed count reads as the first attempt, as an eager read would.
+        let (delivery, _, _) = lazy("-1");
+        assert_eq!(delivery.attempt().number(), 1);
     }
 }

@@ -1,7 +1,10 @@
 //! An open Kafka subscription: records in, positions stored (Tracked).
 
 use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::pin;
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -10,8 +13,8 @@ use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::error::KafkaResult;
 use rdkafka::message::{BorrowedMessage, Headers as _, Message};
 use ruststream_core::{
-    AckError, AddressNames, Attempt, Backlog, BacklogProbe, Cause, Delivery, Headers, LinkProbe,
-    Metadata, Settle, SubscribeError, Subscription,
+    AckError, AddressNames, Attempt, Backlog, BacklogProbe, Cause, Delivery, HeaderSource, Headers,
+    LinkProbe, Metadata, Settle, SubscribeError, Subscription,
 };
 
 use crate::book::Book;
@@ -27,8 +30,67 @@ type Consumer_ = Arc<StreamConsumer<TrackingContext>>;
 /// paused yet) before it stops polling: a pause that does not hold cannot grow memory.
 const EARLY_LIMIT: usize = 64;
 
+type Borrowed<'c> = BorrowedMessage<'c>;
+
+self_cell::self_cell!(
+    /// A record kept with (a handle on) the consumer it borrows, so it can outlive the
+    /// poll that gave it: its headers are read from it only if someone asks for them
+    /// (librdkafka parses a record's header section on first access, allocating a buffer
+    /// even for none: most records' handlers never ask). A delivery holds it until its
+    /// handler is done; the runtime then lets go of it, so no more records (and the fetch
+    /// buffers they share) are held than deliveries run.
+    struct Record {
+        owner: Consumer_,
+        #[covariant]
+        dependent: Borrowed,
+    }
+);
+
+impl HeaderSource for Record {
+    fn read(&self) -> Headers {
+        headers_of(self.borrow_dependent())
+    }
+}
+
+/// A record's headers, copied out of the client's message.
+fn headers_of(message: &BorrowedMessage<'_>) -> Headers {
+    message
+        .headers()
+        .map(|h| {
+            h.iter()
+                .map(|header| {
+                    (
+                        header.key,
+                        Bytes::copy_from_slice(header.value.unwrap_or_default()),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Why the consumer gave no record at once.
+enum NotNow {
+    /// Nothing in the client's queue (or it served an event instead): wait for one.
+    Empty,
+    Failed(rdkafka::error::KafkaError),
+}
+
+/// The next record in the client's queue, if one is there now (no waiting).
+fn record_now(consumer: &Consumer_) -> Result<BorrowedMessage<'_>, NotNow> {
+    let mut recv = pin!(consumer.recv());
+    match recv.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(Ok(message)) => Ok(message),
+        Poll::Ready(Err(e)) => Err(NotNow::Failed(e)),
+        Poll::Pending => Err(NotNow::Empty),
+    }
+}
+
 /// What one poll of the consumer gave.
 enum Polled<'c> {
+    /// A record that was waiting in the client's queue, kept whole.
+    Held(Record),
+    /// A record waited for (read at once, like an error).
     Record(KafkaResult<BorrowedMessage<'c>>),
     /// The exactly-once window's commit is due: tick it before polling again.
     Due,
@@ -89,39 +151,21 @@ impl KafkaSubscription {
         }
     }
 
+    /// Writes `message` into `slot`, all but its headers, and books it.
     fn delivery(&mut self, message: &BorrowedMessage<'_>, slot: &mut Delivery) -> KafkaReceipt {
         let topic = match &self.only_topic {
             Some(topic) => Arc::clone(topic),
             None => self.topics.get(message.topic()),
         };
-        let headers: Headers = message
-            .headers()
-            .map(|h| {
-                h.iter()
-                    .map(|header| {
-                        (
-                            header.key,
-                            Bytes::copy_from_slice(header.value.unwrap_or_default()),
-                        )
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        let (attempt, malformed) = Attempt::from_headers(&headers);
-        if let Some(error) = malformed {
-            tracing::warn!(topic = &*topic, offset = message.offset(), %error, "counting it as the first attempt");
-        }
         let (partition, offset) = (message.partition(), message.offset());
         slot.refill(
             &topic,
             Bytes::copy_from_slice(message.payload().unwrap_or_default()),
         )
-        .set_headers(headers)
         .set_key(message.key().map(Bytes::copy_from_slice))
         .set_metadata(
             Metadata::kafka(partition, offset).with_timestamp_ms(message.timestamp().to_millis()),
-        )
-        .set_attempt(attempt);
+        );
         self.book
             .delivered(topic, partition, offset, self.commit.tracks())
     }
@@ -164,6 +208,17 @@ impl KafkaSubscription {
             },
             None => None,
         };
+        if due.is_none() {
+            // A record already in the client's queue is taken whole, without waiting.
+            match Record::try_new(Arc::clone(consumer), record_now) {
+                Ok(record) => {
+                    self.book.forget_moved_partitions();
+                    return Polled::Held(record);
+                }
+                Err(NotNow::Failed(e)) => return Polled::Record(Err(e)),
+                Err(NotNow::Empty) => {}
+            }
+        }
         let result = match due {
             None => consumer.recv().await,
             Some(due) => tokio::select! {
@@ -175,8 +230,40 @@ impl KafkaSubscription {
         Polled::Record(result)
     }
 
-    /// Makes a polled record a delivery, written into `slot`, and books it.
+    /// Makes a polled record a delivery, written into `slot`, and books it: its headers
+    /// (and so the attempt) read now.
     fn handed_over(
+        &mut self,
+        consumer: &Consumer_,
+        message: &BorrowedMessage<'_>,
+        slot: &mut Delivery,
+    ) -> KafkaReceipt {
+        let receipt = self.taken(consumer, message, slot);
+        let headers = headers_of(message);
+        let (attempt, malformed) = Attempt::from_headers(&headers);
+        if let Some(error) = malformed {
+            tracing::warn!(topic = &*receipt.topic, offset = receipt.offset, %error, "counting it as the first attempt");
+        }
+        slot.set_headers(headers).set_attempt(attempt);
+        receipt
+    }
+
+    /// Makes a record kept whole a delivery, written into `slot`, and books it: its
+    /// headers (and so the attempt) are read from the record only if someone asks.
+    fn held_over(
+        &mut self,
+        consumer: &Consumer_,
+        record: Record,
+        slot: &mut Delivery,
+    ) -> KafkaReceipt {
+        let receipt = self.taken(consumer, record.borrow_dependent(), slot);
+        slot.set_headers_from(record);
+        receipt
+    }
+
+    /// What every record handed over goes through: the offset stored at hand-over
+    /// (`Commit::Auto`), the delivery written but for its headers, the window told.
+    fn taken(
         &mut self,
         consumer: &Consumer_,
         message: &BorrowedMessage<'_>,
@@ -193,6 +280,21 @@ impl KafkaSubscription {
             window.handed_out(&receipt);
         }
         receipt
+    }
+
+    /// Keeps a record polled at the bound to hand out first: its headers read now rather
+    /// than its record kept, as it may wait a while.
+    fn hold_early(&mut self, consumer: &Consumer_, message: &BorrowedMessage<'_>) {
+        let mut delivery = Delivery::empty();
+        let receipt = self.handed_over(consumer, message, &mut delivery);
+        self.early.push_back((delivery, receipt));
+        if self.early.len() == EARLY_LIMIT {
+            tracing::warn!(
+                address = &*self.address,
+                held = EARLY_LIMIT,
+                "partitions keep delivering at max_in_flight although paused; polling stops until deliveries settle"
+            );
+        }
     }
 
     /// Pauses the assigned partitions not paused yet (G5).
@@ -313,6 +415,7 @@ impl Subscription for KafkaSubscription {
         self.resume(&consumer);
         loop {
             return match self.poll(&consumer).await {
+                Polled::Held(record) => Some(Ok(self.held_over(&consumer, record, slot))),
                 Polled::Record(Ok(message)) => {
                     Some(Ok(self.handed_over(&consumer, &message, slot)))
                 }
@@ -383,20 +486,10 @@ impl Subscription for KafkaSubscription {
         }
         self.pause(&consumer);
         match self.poll(&consumer).await {
-            Polled::Record(Ok(message)) => {
-                // From a partition assigned since the last pause (paused next round), or
-                // one whose pause failed (tried again next round).
-                let mut delivery = Delivery::empty();
-                let receipt = self.handed_over(&consumer, &message, &mut delivery);
-                self.early.push_back((delivery, receipt));
-                if self.early.len() == EARLY_LIMIT {
-                    tracing::warn!(
-                        address = &*self.address,
-                        held = EARLY_LIMIT,
-                        "partitions keep delivering at max_in_flight although paused; polling stops until deliveries settle"
-                    );
-                }
-            }
+            // From a partition assigned since the last pause (paused next round), or one
+            // whose pause failed (tried again next round).
+            Polled::Held(record) => self.hold_early(&consumer, record.borrow_dependent()),
+            Polled::Record(Ok(message)) => self.hold_early(&consumer, &message),
             Polled::Record(Err(e)) => {
                 tracing::debug!(address = &*self.address, error = %e, "polling at max_in_flight failed");
                 tokio::time::sleep(Duration::from_millis(100)).await;

@@ -52,8 +52,11 @@ pub(crate) async fn handle<S: Service>(shared: &Shared<S>, delivery: Box<Deliver
                 copy::deliver(shared, incoming.delivery(), c, plan.settle).await
             }
             Some(c) => {
+                // Kept for the delay: its headers read now, the client's record let go.
+                let mut delivery = incoming.into_delivery();
+                delivery.own_headers();
                 let delayed = Fate::Delayed {
-                    delivery: incoming.into_delivery(),
+                    delivery,
                     copy: c,
                     settle: plan.settle,
                 };

@@ -190,9 +190,11 @@ where
             .expect("a lane keeps the receipt of the delivery it runs");
         self.busy -= 1;
         self.publish();
-        if let Some(spare) = spare
+        if let Some(mut spare) = spare
             && self.spare.len() < self.spare_cap
         {
+            // A spare box keeps its payload until reused, not a client's record.
+            spare.discard_source();
             self.spare.push(spare);
         }
         if let Some(next) = self.queues[lane].pop_front() {
