@@ -150,6 +150,14 @@ struct Lazy<S: ?Sized> {
     source: S,
 }
 
+/// The headers of a delivery that reads them lazily (kept out of line: the common
+/// delivery has them at hand).
+#[cold]
+#[inline(never)]
+fn lazy_headers(lazy: &Lazy<dyn HeaderSource>) -> &Headers {
+    lazy.headers.get_or_init(|| lazy.source.read())
+}
+
 /// One received message: payload, headers, key, where it came from and which attempt it is.
 pub struct Delivery {
     payload: Bytes,
@@ -386,7 +394,7 @@ impl Delivery {
     pub fn headers(&self) -> &Headers {
         match &self.lazy {
             None => &self.headers,
-            Some(lazy) => lazy.headers.get_or_init(|| lazy.source.read()),
+            Some(lazy) => lazy_headers(lazy),
         }
     }
 
@@ -419,11 +427,16 @@ impl Delivery {
     pub fn attempt(&self) -> Attempt {
         match &self.lazy {
             None => self.attempt,
-            Some(lazy) => *lazy.attempt.get_or_init(|| self.attempt_from_headers()),
+            Some(lazy) => self.lazy_attempt(lazy),
         }
     }
 
     #[cold]
+    #[inline(never)]
+    fn lazy_attempt(&self, lazy: &Lazy<dyn HeaderSource>) -> Attempt {
+        *lazy.attempt.get_or_init(|| self.attempt_from_headers())
+    }
+
     fn attempt_from_headers(&self) -> Attempt {
         let (attempt, malformed) = Attempt::from_headers(self.headers());
         if let Some(error) = malformed {
