@@ -825,3 +825,74 @@ async fn k5_a_member_joins_and_leaves_mid_run_and_no_commit_passes_unfinished_wo
         "RELIABILITY|Kafka Commit::Tracked|80 records on 2 partitions, a second member joins and leaves mid-run (a real rebalance), {sampled} committed positions sampled, {late} settlements arriving after their partition moved|lost 0 of 80; no committed position passed unfinished work or went back|not counted here|none declared"
     );
 }
+
+/// Records waiting in the client's queue are kept whole and their headers read only when
+/// asked: what a handler's `Headers` and `Attempt` see is what was produced, the attempt
+/// is the retry-count header's (K7, D4), and a malformed count reads as the first attempt
+/// and is logged, as when the headers were read at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn k7_headers_read_on_request_are_the_records_own() {
+    let kafka = kafka().await;
+    let (t, group) = (unique("lazyhdr"), unique("g"));
+    create_topic(&t, 1).await;
+    let mut counted = Headers::new();
+    counted
+        .insert(RETRY_COUNT_HEADER, "2")
+        .insert("trace", "abc");
+    let mut malformed = Headers::new();
+    malformed.insert(RETRY_COUNT_HEADER, "bogus");
+    // Produced before the app starts: a backlog the consumer finds in its queue.
+    for (payload, headers) in [
+        (&b"counted"[..], &counted),
+        (b"plain", &Headers::new()),
+        (b"malformed", &malformed),
+        (b"unread", &counted),
+    ] {
+        produce(&kafka, &t, None, payload, headers).await;
+    }
+    type Seen = Arc<Mutex<Vec<(String, u32, Option<String>, usize)>>>;
+    let seen: Seen = Arc::default();
+    let app = start(App::new().state(Arc::clone(&seen)).register(on(
+        topic(&kafka, &t, &group, Commit::Tracked),
+        async |ruststream::Payload(payload): ruststream::Payload,
+               headers: Option<Headers>,
+               attempt: Option<ruststream::Attempt>,
+               ruststream::State(seen): ruststream::State<Seen>| {
+            let payload = String::from_utf8_lossy(&payload).into_owned();
+            // The last one asks for nothing: it is acked without its headers read.
+            if payload != "unread" {
+                let headers = headers.expect("headers");
+                let trace = headers
+                    .get("trace")
+                    .map(|v| String::from_utf8_lossy(v).into_owned());
+                let attempt = attempt.expect("attempt").number();
+                seen.lock()
+                    .unwrap()
+                    .push((payload, attempt, trace, headers.len()));
+            } else {
+                seen.lock().unwrap().push((payload, 0, None, 0));
+            }
+            HandlerOutcome::ack()
+        },
+    )))
+    .await;
+    eventually(Duration::from_secs(30), "all four handled", || {
+        seen.lock().unwrap().len() == 4
+    })
+    .await;
+    committed_becomes(&group, &t, 0, 4, Duration::from_secs(10)).await;
+    app.stop().await;
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [
+            ("counted".to_owned(), 3, Some("abc".to_owned()), 2),
+            ("plain".to_owned(), 1, None, 0),
+            ("malformed".to_owned(), 1, None, 1),
+            ("unread".to_owned(), 0, None, 0),
+        ]
+    );
+    assert!(
+        logs().contains("counting it as the first attempt"),
+        "the malformed count is logged when read"
+    );
+}
