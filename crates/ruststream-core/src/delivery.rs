@@ -142,6 +142,28 @@ pub trait HeaderSource: Send + Sync {
     fn read(&self) -> Headers;
 }
 
+/// A delivery's position ([`Metadata`]) and the broker's count of its deliveries
+/// ([`Attempt`]), read from the client's message only when someone asks for them (a
+/// JetStream delivery's numbers are in its `$JS.ACK` reply subject, some forty digits to
+/// read). Given to [`Delivery::set_position_from`]; kept like a [`HeaderSource`].
+pub trait PositionSource: Send + Sync {
+    /// The delivery's metadata and attempt, read from the client (once per delivery).
+    fn read(&self) -> (Metadata, Attempt);
+}
+
+/// A position read from a [`PositionSource`] when first asked for, in one box with it.
+struct LazyPosition<S: ?Sized> {
+    read: OnceLock<(Metadata, Attempt)>,
+    source: S,
+}
+
+/// The position of a delivery that reads it lazily (out of line, like [`lazy_headers`]).
+#[cold]
+#[inline(never)]
+fn lazy_position(lazy: &LazyPosition<dyn PositionSource>) -> &(Metadata, Attempt) {
+    lazy.read.get_or_init(|| lazy.source.read())
+}
+
 /// Headers and the attempt they say, read from a [`HeaderSource`] when first asked for.
 /// The source is the last field, so one box holds all three.
 struct Lazy<S: ?Sized> {
@@ -169,6 +191,8 @@ pub struct Delivery {
     reply_to: Option<Arc<str>>,
     /// When set, the headers and the attempt are its, not the two fields above.
     lazy: Option<Box<Lazy<dyn HeaderSource>>>,
+    /// When set, the metadata and the attempt are its (before `lazy`'s attempt).
+    position: Option<Box<LazyPosition<dyn PositionSource>>>,
 }
 
 /// A clone holds its headers itself (read now if they were not yet), not the source.
@@ -179,10 +203,11 @@ impl Clone for Delivery {
             headers: self.headers().clone(),
             key: self.key.clone(),
             address: Arc::clone(&self.address),
-            metadata: self.metadata,
+            metadata: *self.metadata(),
             attempt: self.attempt(),
             reply_to: self.reply_to.clone(),
             lazy: None,
+            position: None,
         }
     }
 }
@@ -194,7 +219,7 @@ impl fmt::Debug for Delivery {
             .field("headers", self.headers())
             .field("key", &self.key)
             .field("address", &self.address)
-            .field("metadata", &self.metadata)
+            .field("metadata", self.metadata())
             .field("attempt", &self.attempt())
             .field("reply_to", &self.reply_to)
             .finish()
@@ -214,6 +239,7 @@ impl Delivery {
             attempt: Attempt::from_broker(1),
             reply_to: None,
             lazy: None,
+            position: None,
         }
     }
 
@@ -243,7 +269,7 @@ impl Delivery {
         self.metadata = Metadata::default();
         self.attempt = Attempt::from_broker(1);
         self.reply_to = None;
-        self.discard_source();
+        self.discard_deferred();
         self
     }
 
@@ -251,8 +277,15 @@ impl Delivery {
     #[inline]
     pub fn set_headers(&mut self, headers: Headers) -> &mut Self {
         self.headers = headers;
-        self.discard_source();
+        if self.lazy.is_some() {
+            self.discard_lazy_headers();
+        }
         self
+    }
+
+    #[cold]
+    fn discard_lazy_headers(&mut self) {
+        self.lazy = None;
     }
 
     /// Leaves the headers, and the attempt (the retry-count header's, as
@@ -269,11 +302,40 @@ impl Delivery {
         self
     }
 
-    /// Reads now whatever was left to read from a [`HeaderSource`], and lets go of it (and
-    /// of the client's record it holds). The runtime calls this before it keeps a
-    /// delivery past its handler (a delayed copy).
+    /// Leaves the metadata and the attempt to be read from `source` when first asked
+    /// for (the attempt is then the source's, whatever the headers say).
     #[inline]
-    pub fn own_headers(&mut self) {
+    pub fn set_position_from(&mut self, source: impl PositionSource + 'static) -> &mut Self {
+        self.position = Some(Box::new(LazyPosition {
+            read: OnceLock::new(),
+            source,
+        }));
+        self
+    }
+
+    /// Reads now whatever was left to read from a [`HeaderSource`] or a
+    /// [`PositionSource`], and lets go of them (and of the client's message they hold).
+    /// The runtime calls this before it keeps a delivery past its handler (a delayed
+    /// copy).
+    #[inline]
+    pub fn own_deferred(&mut self) {
+        if self.lazy.is_some() || self.position.is_some() {
+            self.own_deferred_now();
+        }
+    }
+
+    #[cold]
+    fn own_deferred_now(&mut self) {
+        let (metadata, attempt) = (*self.metadata(), self.attempt());
+        self.own_headers();
+        self.position = None;
+        self.metadata = metadata;
+        self.attempt = attempt;
+    }
+
+    /// The headers (and the attempt they say) read now from a lazy source, which is let go.
+    #[inline]
+    fn own_headers(&mut self) {
         if self.lazy.is_some() {
             self.own_headers_now();
         }
@@ -291,19 +353,21 @@ impl Delivery {
         self.attempt = attempt;
     }
 
-    /// Done with this delivery: lets go of a [`HeaderSource`] (and the client's record it
-    /// holds) without reading it, as the runtime does with a box it keeps for reuse. What
-    /// was not read reads as empty (no headers, attempt 1) from then on.
+    /// Done with this delivery: lets go of a [`HeaderSource`] or [`PositionSource`] (and
+    /// the client's message it holds) without reading it, as the runtime does with a box
+    /// it keeps for reuse. What was not read reads as empty (no headers, no metadata,
+    /// attempt 1) from then on.
     #[inline]
-    pub fn discard_source(&mut self) {
-        if self.lazy.is_some() {
-            self.discard_source_now();
+    pub fn discard_deferred(&mut self) {
+        if self.lazy.is_some() || self.position.is_some() {
+            self.discard_deferred_now();
         }
     }
 
     #[cold]
-    fn discard_source_now(&mut self) {
+    fn discard_deferred_now(&mut self) {
         self.lazy = None;
+        self.position = None;
     }
 
     /// Sets the key in place.
@@ -316,6 +380,7 @@ impl Delivery {
     /// Sets the broker metadata in place.
     #[inline]
     pub fn set_metadata(&mut self, metadata: Metadata) -> &mut Self {
+        self.own_deferred();
         self.metadata = metadata;
         self
     }
@@ -323,7 +388,7 @@ impl Delivery {
     /// Sets the attempt in place.
     #[inline]
     pub fn set_attempt(&mut self, attempt: Attempt) -> &mut Self {
-        self.own_headers();
+        self.own_deferred();
         self.attempt = attempt;
         self
     }
@@ -365,7 +430,7 @@ impl Delivery {
     /// Sets the broker metadata.
     #[inline]
     pub fn with_metadata(mut self, metadata: Metadata) -> Self {
-        self.metadata = metadata;
+        self.set_metadata(metadata);
         self
     }
 
@@ -379,7 +444,7 @@ impl Delivery {
     /// Counts one more attempt (the runtime runs the delivery again in place).
     #[inline]
     pub fn count_attempt(&mut self) {
-        self.own_headers();
+        self.own_deferred();
         self.attempt = self.attempt.next();
     }
 
@@ -419,12 +484,18 @@ impl Delivery {
     /// Broker position data.
     #[inline]
     pub fn metadata(&self) -> &Metadata {
-        &self.metadata
+        match &self.position {
+            None => &self.metadata,
+            Some(position) => &lazy_position(position).0,
+        }
     }
 
     /// Which attempt this is.
     #[inline]
     pub fn attempt(&self) -> Attempt {
+        if let Some(position) = &self.position {
+            return lazy_position(position).1;
+        }
         match &self.lazy {
             None => self.attempt,
             Some(lazy) => self.lazy_attempt(lazy),
@@ -526,7 +597,7 @@ mod tests {
             2,
             "a clone does not hold the source"
         );
-        delivery.own_headers();
+        delivery.own_deferred();
         assert_eq!(Arc::strong_count(&alive), 1, "owned: the source is let go");
         assert_eq!(delivery.attempt().number(), 3);
         assert_eq!(delivery.headers().len(), 1);
@@ -539,11 +610,11 @@ mod tests {
     fn a_source_is_let_go_unread_or_read_at_once_as_asked() {
         // Done with: let go without reading.
         let (mut delivery, count, alive) = lazy("0");
-        delivery.discard_source();
+        delivery.discard_deferred();
         assert_eq!((reads(&count), Arc::strong_count(&alive)), (0, 1));
         // Kept past its handler: read now, then let go.
         let (mut delivery, count, alive) = lazy("5");
-        delivery.own_headers();
+        delivery.own_deferred();
         assert_eq!((reads(&count), Arc::strong_count(&alive)), (1, 1));
         assert_eq!(delivery.attempt().number(), 6);
         // Refilled: the next message's headers are its own.

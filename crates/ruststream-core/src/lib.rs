@@ -48,7 +48,7 @@ mod wait;
 
 pub use capabilities::{Capabilities, DeadLetters, DelayedRedelivery, Verb};
 pub use declaration::Declaration;
-pub use delivery::{Attempt, AttemptSource, Delivery, HeaderSource, Metadata};
+pub use delivery::{Attempt, AttemptSource, Delivery, HeaderSource, Metadata, PositionSource};
 pub use descriptor::{Backlog, BacklogProbe, Descriptor, LinkProbe, Subscription};
 pub use due::Held;
 pub use env::{Env, EnvError, FromEnvError};

@@ -1,5 +1,8 @@
 //! The numbers a JetStream delivery's `$JS.ACK` reply subject carries.
 
+use async_nats::Subject;
+use ruststream_core::{Attempt, Metadata, PositionSource};
+
 /// What a delivery's `$JS.ACK` reply subject says about it (the counts ruststream uses).
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct AckInfo {
@@ -48,7 +51,59 @@ impl AckReader {
     }
 }
 
+impl AckReader {
+    /// The numbers of `reply`, to be read when first asked for, when it begins as the
+    /// last subject read whole did (the common case: checked with one comparison);
+    /// `None` otherwise (read it with [`AckReader::read`]).
+    #[inline]
+    pub(crate) fn later(&self, reply: &Subject) -> Option<Numbers> {
+        let form = self.form?;
+        reply
+            .as_str()
+            .starts_with(self.prefix.as_str())
+            .then(|| Numbers {
+                reply: reply.clone(),
+                at: self.prefix.len(),
+                form,
+            })
+    }
+}
+
+/// A delivery's position and attempt, read from its reply subject when first asked for
+/// (most deliveries are acked without anyone asking).
+pub(crate) struct Numbers {
+    reply: Subject,
+    at: usize,
+    form: Form,
+}
+
+impl PositionSource for Numbers {
+    fn read(&self) -> (Metadata, Attempt) {
+        match numbers_of(&self.reply.as_bytes()[self.at..], self.form) {
+            Some(info) => info.position(),
+            None => {
+                // The server's subjects keep their form; not one of them has failed so.
+                tracing::warn!(
+                    reply = self.reply.as_str(),
+                    "a JetStream reply subject whose numbers do not read: counted as the first attempt"
+                );
+                (Metadata::default(), Attempt::from_broker(1))
+            }
+        }
+    }
+}
+
 impl AckInfo {
+    /// The delivery's metadata (stream sequence, publish time) and attempt (the server's
+    /// `delivered`, N4).
+    pub(crate) fn position(&self) -> (Metadata, Attempt) {
+        (
+            Metadata::sequence(self.stream_sequence)
+                .with_timestamp_ms(Some(self.published_ns / 1_000_000)),
+            Attempt::from_broker(u32::try_from(self.delivered).unwrap_or(u32::MAX)),
+        )
+    }
+
     /// Reads the numbers out of both forms the server sends (NATS ADR-15):
     /// `$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<nanos>.<pending>`, and the
     /// one with `<domain>.<account hash>.` before the stream and possibly more tokens
@@ -201,7 +256,7 @@ fn value_of_leading(word: u64, digits: usize) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::{AckInfo, AckReader};
+    use super::{AckInfo, AckReader, Attempt, Metadata, PositionSource, Subject};
 
     fn expected() -> AckInfo {
         AckInfo {
@@ -338,6 +393,42 @@ mod tests {
                 later.consumer_sequence
             ),
             (1, 42, 18)
+        );
+    }
+
+    #[test]
+    fn n4_numbers_read_later_are_the_servers_and_only_for_the_learned_beginning() {
+        let subject = |s: &str| Subject::from(s.to_owned());
+        let mut reader = AckReader::default();
+        assert!(
+            reader.later(&subject(GOOD[0])).is_none(),
+            "nothing learned yet: read whole"
+        );
+        reader.read(GOOD[0]);
+        let reply = "$JS.ACK.ORDERS.worker.3.42.18.1700000000123456790.4";
+        let later = reader.later(&subject(reply)).expect("the same beginning");
+        let (metadata, attempt) = later.read();
+        assert_eq!(
+            (metadata, attempt),
+            AckInfo::parse(reply).unwrap().position()
+        );
+        assert_eq!((metadata.sequence, attempt.number()), (Some(42), 3));
+        assert_eq!(metadata.timestamp_ms, Some(1_700_000_000_123));
+        // Another consumer's subject is not read as this one's.
+        assert!(
+            reader
+                .later(&subject("$JS.ACK.ORDERS.other.1.2.3.1700000000123456790.0"))
+                .is_none()
+        );
+        // A tail that does not read counts as the first attempt, with no position.
+        let broken = reader
+            .later(&subject(
+                "$JS.ACK.ORDERS.worker.x.42.18.1700000000123456790.4",
+            ))
+            .expect("the same beginning");
+        assert_eq!(
+            broken.read(),
+            (Metadata::default(), Attempt::from_broker(1))
         );
     }
 }

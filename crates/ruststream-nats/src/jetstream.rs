@@ -10,9 +10,9 @@ use async_nats::{Client, Subject};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use ruststream_core::{
-    AckError, Attempt, Backlog, BacklogProbe, Capabilities, Cause, DeadLetters, Declaration,
-    DelayedRedelivery, Delivery, Descriptor, LinkProbe, Metadata, Publish, Settle, StartAt,
-    SubscribeError, Subscription, Verb,
+    AckError, Backlog, BacklogProbe, Capabilities, Cause, DeadLetters, Declaration,
+    DelayedRedelivery, Delivery, Descriptor, LinkProbe, Publish, Settle, StartAt, SubscribeError,
+    Subscription, Verb,
 };
 use tokio::task::JoinHandle;
 
@@ -240,6 +240,7 @@ impl Descriptor for JetStreamConsumer {
             address: Arc::from(address.as_str()),
             double_ack: self.double_ack,
             acks: AckReader::default(),
+            tags: 0,
             in_progress,
             kept_alive: 0,
             keepalive,
@@ -329,6 +330,8 @@ pub struct JetStreamSubscription {
     double_ack: bool,
     /// Reads each delivery's reply subject.
     acks: AckReader,
+    /// The last delivery's key in the keepalive's map.
+    tags: u64,
     /// Deliveries not done at once, when the keepalive is on.
     in_progress: Option<InProgress>,
     /// How many of those are in it (only this subscription adds and removes them): a
@@ -426,30 +429,36 @@ impl Subscription for JetStreamSubscription {
                 );
                 continue;
             };
-            let Some(info) = self.acks.read(reply.as_str()) else {
-                tracing::warn!(
-                    address = &*self.address,
-                    reply = reply.as_str(),
-                    "skipping a message whose reply subject is not JetStream's"
-                );
-                continue;
-            };
-            let (delivered, tag) = (
-                u32::try_from(info.delivered).unwrap_or(u32::MAX),
-                info.consumer_sequence,
-            );
-            let metadata = Metadata::sequence(info.stream_sequence)
-                .with_timestamp_ms(Some(info.published_ns / 1_000_000));
             // Deliveries in a row mostly share their subject: one string for all of them.
             if *self.last_subject != *subject.as_str() {
                 self.last_subject = Arc::from(subject.as_str());
             }
-            slot.refill(&self.last_subject, payload)
-                .set_metadata(metadata)
-                .set_attempt(Attempt::from_broker(delivered));
+            // The reply's numbers (attempt, stream sequence, time) are read when someone
+            // asks for them, once the subject is known to be of the form the last one
+            // read whole had; the first one, and any other, are read whole now.
+            if let Some(numbers) = self.acks.later(&reply) {
+                slot.refill(&self.last_subject, payload)
+                    .set_position_from(numbers);
+            } else {
+                let Some(info) = self.acks.read(reply.as_str()) else {
+                    tracing::warn!(
+                        address = &*self.address,
+                        reply = reply.as_str(),
+                        "skipping a message whose reply subject is not JetStream's"
+                    );
+                    continue;
+                };
+                let (metadata, attempt) = info.position();
+                slot.refill(&self.last_subject, payload)
+                    .set_metadata(metadata)
+                    .set_attempt(attempt);
+            }
             if headers.is_some() {
                 slot.set_headers(from_nats(headers.as_ref()));
             }
+            // The keepalive's key for it (the consumer sequence would need the numbers).
+            self.tags += 1;
+            let tag = self.tags;
             return Some(Ok((tag, reply)));
         }
     }

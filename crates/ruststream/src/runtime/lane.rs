@@ -54,7 +54,7 @@ pub(crate) async fn handle<S: Service>(shared: &Shared<S>, delivery: Box<Deliver
             Some(c) => {
                 // Kept for the delay: its headers read now, the client's record let go.
                 let mut delivery = incoming.into_delivery();
-                delivery.own_headers();
+                delivery.own_deferred();
                 let delayed = Fate::Delayed {
                     delivery,
                     copy: c,

@@ -194,7 +194,7 @@ where
             && self.spare.len() < self.spare_cap
         {
             // A spare box keeps its payload until reused, not a client's record.
-            spare.discard_source();
+            spare.discard_deferred();
             self.spare.push(spare);
         }
         if let Some(next) = self.queues[lane].pop_front() {
