@@ -136,7 +136,8 @@ impl Metadata {
 /// (librdkafka parses a record's header section on first access, at a cost of about a
 /// thousand instructions a record, whether or not it holds any). Given to
 /// [`Delivery::set_headers_from`]; the delivery keeps it until it is done with the
-/// delivery or keeps the delivery longer ([`Delivery::own_headers`]).
+/// delivery, or reads it then if it keeps the delivery longer
+/// ([`Delivery::own_deferred`]).
 pub trait HeaderSource: Send + Sync {
     /// The record's headers, read from the client (once per delivery).
     fn read(&self) -> Headers;
@@ -151,33 +152,77 @@ pub trait PositionSource: Send + Sync {
     fn read(&self) -> (Metadata, Attempt);
 }
 
-/// A position read from a [`PositionSource`] when first asked for, in one box with it.
-struct LazyPosition<S: ?Sized> {
-    read: OnceLock<(Metadata, Attempt)>,
-    source: S,
+/// What a delivery reads later: its headers, or its position.
+trait Later: Send + Sync {
+    /// The headers; `None`: the delivery's own.
+    fn headers(&self) -> Option<Headers>;
+    /// The metadata and attempt; `None`: the delivery's own (the attempt the headers'
+    /// when they are read later).
+    fn position(&self) -> Option<(Metadata, Attempt)>;
+    fn reads_headers(&self) -> bool;
 }
 
-/// The position of a delivery that reads it lazily (out of line, like [`lazy_headers`]).
-#[cold]
-#[inline(never)]
-fn lazy_position(lazy: &LazyPosition<dyn PositionSource>) -> &(Metadata, Attempt) {
-    lazy.read.get_or_init(|| lazy.source.read())
+struct HeadersLater<S>(S);
+
+impl<S: HeaderSource> Later for HeadersLater<S> {
+    fn headers(&self) -> Option<Headers> {
+        Some(self.0.read())
+    }
+    fn position(&self) -> Option<(Metadata, Attempt)> {
+        None
+    }
+    fn reads_headers(&self) -> bool {
+        true
+    }
 }
 
-/// Headers and the attempt they say, read from a [`HeaderSource`] when first asked for.
-/// The source is the last field, so one box holds all three.
-struct Lazy<S: ?Sized> {
-    headers: OnceLock<Headers>,
+struct PositionLater<S>(S);
+
+impl<S: PositionSource> Later for PositionLater<S> {
+    fn headers(&self) -> Option<Headers> {
+        None
+    }
+    fn position(&self) -> Option<(Metadata, Attempt)> {
+        Some(self.0.read())
+    }
+    fn reads_headers(&self) -> bool {
+        false
+    }
+}
+
+/// What was read from a source, each part once, when first asked for. The source is the
+/// last field, so one box holds it all.
+struct Deferred<S: ?Sized> {
+    headers: OnceLock<Option<Headers>>,
+    position: OnceLock<Option<(Metadata, Attempt)>>,
     attempt: OnceLock<Attempt>,
     source: S,
 }
 
-/// The headers of a delivery that reads them lazily (kept out of line: the common
-/// delivery has them at hand).
-#[cold]
-#[inline(never)]
-fn lazy_headers(lazy: &Lazy<dyn HeaderSource>) -> &Headers {
-    lazy.headers.get_or_init(|| lazy.source.read())
+impl Deferred<dyn Later> {
+    fn new(source: impl Later + 'static) -> Box<Self> {
+        Box::new(Deferred {
+            headers: OnceLock::new(),
+            position: OnceLock::new(),
+            attempt: OnceLock::new(),
+            source,
+        })
+    }
+
+    // Out of line: the common delivery has everything at hand.
+    #[cold]
+    #[inline(never)]
+    fn headers(&self) -> Option<&Headers> {
+        self.headers.get_or_init(|| self.source.headers()).as_ref()
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn position(&self) -> Option<&(Metadata, Attempt)> {
+        self.position
+            .get_or_init(|| self.source.position())
+            .as_ref()
+    }
 }
 
 /// One received message: payload, headers, key, where it came from and which attempt it is.
@@ -189,10 +234,9 @@ pub struct Delivery {
     metadata: Metadata,
     attempt: Attempt,
     reply_to: Option<Arc<str>>,
-    /// When set, the headers and the attempt are its, not the two fields above.
-    lazy: Option<Box<Lazy<dyn HeaderSource>>>,
-    /// When set, the metadata and the attempt are its (before `lazy`'s attempt).
-    position: Option<Box<LazyPosition<dyn PositionSource>>>,
+    /// When set, what it reads (headers, or metadata) and the attempt are its, not the
+    /// fields above.
+    deferred: Option<Box<Deferred<dyn Later>>>,
 }
 
 /// A clone holds its headers itself (read now if they were not yet), not the source.
@@ -206,8 +250,7 @@ impl Clone for Delivery {
             metadata: *self.metadata(),
             attempt: self.attempt(),
             reply_to: self.reply_to.clone(),
-            lazy: None,
-            position: None,
+            deferred: None,
         }
     }
 }
@@ -238,8 +281,7 @@ impl Delivery {
             metadata: Metadata::default(),
             attempt: Attempt::from_broker(1),
             reply_to: None,
-            lazy: None,
-            position: None,
+            deferred: None,
         }
     }
 
@@ -277,49 +319,52 @@ impl Delivery {
     #[inline]
     pub fn set_headers(&mut self, headers: Headers) -> &mut Self {
         self.headers = headers;
-        if self.lazy.is_some() {
-            self.discard_lazy_headers();
+        if self.deferred.is_some() {
+            self.headers_set_over_deferred();
         }
         self
     }
 
+    /// Headers set over a source: a header source is let go (a position source stays).
     #[cold]
-    fn discard_lazy_headers(&mut self) {
-        self.lazy = None;
+    fn headers_set_over_deferred(&mut self) {
+        if self
+            .deferred
+            .as_ref()
+            .is_some_and(|d| d.source.reads_headers())
+        {
+            self.deferred = None;
+        }
     }
 
     /// Leaves the headers, and the attempt (the retry-count header's, as
     /// [`Attempt::from_headers`] reads it), to be read from `source` when first asked for:
     /// a delivery whose headers nobody reads never pays for reading them. A malformed
     /// retry-count header is logged (a warning naming the address) when it is read.
+    /// Replaces a [`PositionSource`] given before.
     #[inline]
     pub fn set_headers_from(&mut self, source: impl HeaderSource + 'static) -> &mut Self {
-        self.lazy = Some(Box::new(Lazy {
-            headers: OnceLock::new(),
-            attempt: OnceLock::new(),
-            source,
-        }));
+        self.own_deferred();
+        self.deferred = Some(Deferred::new(HeadersLater(source)));
         self
     }
 
     /// Leaves the metadata and the attempt to be read from `source` when first asked
-    /// for (the attempt is then the source's, whatever the headers say).
+    /// for (the attempt is then the source's, whatever the headers say). Set the headers
+    /// themselves first: this replaces a [`HeaderSource`] given before.
     #[inline]
     pub fn set_position_from(&mut self, source: impl PositionSource + 'static) -> &mut Self {
-        self.position = Some(Box::new(LazyPosition {
-            read: OnceLock::new(),
-            source,
-        }));
+        self.own_deferred();
+        self.deferred = Some(Deferred::new(PositionLater(source)));
         self
     }
 
     /// Reads now whatever was left to read from a [`HeaderSource`] or a
-    /// [`PositionSource`], and lets go of them (and of the client's message they hold).
-    /// The runtime calls this before it keeps a delivery past its handler (a delayed
-    /// copy).
+    /// [`PositionSource`], and lets go of it (and of the client's message it holds). The
+    /// runtime calls this before it keeps a delivery past its handler (a delayed copy).
     #[inline]
     pub fn own_deferred(&mut self) {
-        if self.lazy.is_some() || self.position.is_some() {
+        if self.deferred.is_some() {
             self.own_deferred_now();
         }
     }
@@ -327,47 +372,33 @@ impl Delivery {
     #[cold]
     fn own_deferred_now(&mut self) {
         let (metadata, attempt) = (*self.metadata(), self.attempt());
-        self.own_headers();
-        self.position = None;
+        if let Some(mut deferred) = self.deferred.take() {
+            if let Some(headers) = deferred
+                .headers
+                .take()
+                .unwrap_or_else(|| deferred.source.headers())
+            {
+                self.headers = headers;
+            }
+        }
         self.metadata = metadata;
-        self.attempt = attempt;
-    }
-
-    /// The headers (and the attempt they say) read now from a lazy source, which is let go.
-    #[inline]
-    fn own_headers(&mut self) {
-        if self.lazy.is_some() {
-            self.own_headers_now();
-        }
-    }
-
-    #[cold]
-    fn own_headers_now(&mut self) {
-        let attempt = self.attempt();
-        if let Some(mut lazy) = self.lazy.take() {
-            self.headers = match lazy.headers.take() {
-                Some(headers) => headers,
-                None => lazy.source.read(),
-            };
-        }
         self.attempt = attempt;
     }
 
     /// Done with this delivery: lets go of a [`HeaderSource`] or [`PositionSource`] (and
     /// the client's message it holds) without reading it, as the runtime does with a box
-    /// it keeps for reuse. What was not read reads as empty (no headers, no metadata,
-    /// attempt 1) from then on.
+    /// it keeps for reuse. What was not read reads as the delivery's own from then on
+    /// (no headers, no metadata, attempt 1 after a refill).
     #[inline]
     pub fn discard_deferred(&mut self) {
-        if self.lazy.is_some() || self.position.is_some() {
+        if self.deferred.is_some() {
             self.discard_deferred_now();
         }
     }
 
     #[cold]
     fn discard_deferred_now(&mut self) {
-        self.lazy = None;
-        self.position = None;
+        self.deferred = None;
     }
 
     /// Sets the key in place.
@@ -457,9 +488,9 @@ impl Delivery {
     /// The headers, as received.
     #[inline]
     pub fn headers(&self) -> &Headers {
-        match &self.lazy {
+        match &self.deferred {
             None => &self.headers,
-            Some(lazy) => lazy_headers(lazy),
+            Some(deferred) => deferred.headers().unwrap_or(&self.headers),
         }
     }
 
@@ -484,28 +515,33 @@ impl Delivery {
     /// Broker position data.
     #[inline]
     pub fn metadata(&self) -> &Metadata {
-        match &self.position {
+        match &self.deferred {
             None => &self.metadata,
-            Some(position) => &lazy_position(position).0,
+            Some(deferred) => deferred.position().map_or(&self.metadata, |p| &p.0),
         }
     }
 
     /// Which attempt this is.
     #[inline]
     pub fn attempt(&self) -> Attempt {
-        if let Some(position) = &self.position {
-            return lazy_position(position).1;
-        }
-        match &self.lazy {
+        match &self.deferred {
             None => self.attempt,
-            Some(lazy) => self.lazy_attempt(lazy),
+            Some(deferred) => self.deferred_attempt(deferred),
         }
     }
 
     #[cold]
     #[inline(never)]
-    fn lazy_attempt(&self, lazy: &Lazy<dyn HeaderSource>) -> Attempt {
-        *lazy.attempt.get_or_init(|| self.attempt_from_headers())
+    fn deferred_attempt(&self, deferred: &Deferred<dyn Later>) -> Attempt {
+        *deferred.attempt.get_or_init(|| {
+            if let Some((_, attempt)) = deferred.position() {
+                *attempt
+            } else if deferred.source.reads_headers() {
+                self.attempt_from_headers()
+            } else {
+                self.attempt
+            }
+        })
     }
 
     fn attempt_from_headers(&self) -> Attempt {
@@ -626,5 +662,51 @@ mod tests {
         // A malformed count reads as the first attempt, as an eager read would.
         let (delivery, _, _) = lazy("-1");
         assert_eq!(delivery.attempt().number(), 1);
+    }
+
+    struct Position(u64);
+
+    impl PositionSource for Position {
+        fn read(&self) -> (Metadata, Attempt) {
+            (Metadata::sequence(self.0), Attempt::from_broker(4))
+        }
+    }
+
+    #[test]
+    fn a_position_from_a_source_keeps_the_headers_set_around_it() {
+        let mut headers = Headers::new();
+        headers.insert(RETRY_COUNT_HEADER, "7");
+        let mut delivery = Delivery::empty();
+        delivery
+            .refill(&Arc::from("orders"), Bytes::new())
+            .set_headers(headers.clone())
+            .set_position_from(Position(42));
+        // The broker's count, whatever the header says.
+        assert_eq!(delivery.attempt(), Attempt::from_broker(4));
+        assert_eq!(delivery.metadata().sequence, Some(42));
+        assert_eq!(delivery.headers(), &headers);
+        // Headers set afterwards leave the position to be read.
+        delivery.set_headers(Headers::new());
+        assert_eq!(
+            (delivery.metadata().sequence, delivery.attempt().number()),
+            (Some(42), 4)
+        );
+        assert!(delivery.headers().is_empty());
+        // Owned: read into the delivery itself; a further attempt counts from there.
+        delivery.own_deferred();
+        delivery.count_attempt();
+        assert_eq!(
+            (delivery.metadata().sequence, delivery.attempt().number()),
+            (Some(42), 5)
+        );
+        // Discarded: nothing of it is read.
+        delivery
+            .refill(&Arc::from("orders"), Bytes::new())
+            .set_position_from(Position(9));
+        delivery.discard_deferred();
+        assert_eq!(
+            (delivery.metadata().sequence, delivery.attempt().number()),
+            (None, 1)
+        );
     }
 }
