@@ -20,8 +20,9 @@ pub(crate) struct Running {
     pub(crate) told: u64,
 }
 
-/// Deliveries not done at once, by consumer sequence, and the keepalive's clock: a tick
-/// count, so adding one reads an atomic instead of the system clock.
+/// Deliveries not done at once, by the subscription's own delivery counter, and the
+/// keepalive's clock: a tick count, so adding one reads an atomic instead of the system
+/// clock.
 #[derive(Default)]
 pub(crate) struct Progress {
     pub(crate) running: Mutex<SpreadMap<u64, Running>>,
