@@ -214,3 +214,58 @@ where
         self.busy == 0
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::task::{Context, Poll, Waker};
+
+    use bytes::Bytes;
+    use ruststream_core::{Delivery, HeaderSource, Headers, Settle};
+
+    use super::{Finished, Lanes};
+    use crate::runtime::shared::{Fate, Job};
+
+    /// A client's record, as far as its holders go.
+    struct Record(#[allow(dead_code)] Arc<()>);
+
+    impl HeaderSource for Record {
+        fn read(&self) -> Headers {
+            Headers::new()
+        }
+    }
+
+    /// The lanes let go of a client's record as soon as its delivery is done (G5: no more
+    /// records held than deliveries run), read or not: a spare box keeps no source.
+    #[test]
+    fn g5_a_finished_deliverys_box_comes_back_without_its_source() {
+        let record = Arc::new(());
+        let mut lanes = Lanes::new(1, None, |delivery: Box<Delivery>| async move {
+            (Fate::Settle(Settle::Ack), Some(delivery)) as Finished
+        });
+        let mut delivery = lanes.slot();
+        delivery
+            .refill(&Arc::from("orders"), Bytes::from_static(b"{}"))
+            .set_headers_from(Record(Arc::clone(&record)));
+        assert!(
+            lanes
+                .offer(
+                    0,
+                    Job {
+                        delivery,
+                        receipt: 7_u64
+                    }
+                )
+                .is_none()
+        );
+        assert_eq!(Arc::strong_count(&record), 2, "held while it runs");
+        let mut cx = Context::from_waker(Waker::noop());
+        let Poll::Ready(done) = lanes.poll_finished(&mut cx) else {
+            panic!("the delivery finishes in its first poll");
+        };
+        assert_eq!(done.receipt, 7);
+        assert!(matches!(done.fate, Fate::Settle(Settle::Ack)));
+        assert_eq!(lanes.spare.len(), 1, "its box kept for reuse");
+        assert_eq!(Arc::strong_count(&record), 1, "the record let go, unread");
+    }
+}
