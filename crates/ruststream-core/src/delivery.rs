@@ -141,6 +141,16 @@ impl Metadata {
 pub trait HeaderSource: Send + Sync {
     /// The record's headers, read from the client (once per delivery).
     fn read(&self) -> Headers;
+
+    /// The record's payload, borrowed from the client's message. When this is `Some`,
+    /// it is the delivery's payload (whatever the delivery was refilled with): decoding
+    /// reads it in place ([`Delivery::payload_slice`]), and a `Bytes` of it is copied
+    /// only when someone asks for one ([`Delivery::payload`]) or the delivery is kept
+    /// past its handler ([`Delivery::own_deferred`]). `None` (the default): the
+    /// delivery's own.
+    fn payload(&self) -> Option<&[u8]> {
+        None
+    }
 }
 
 /// A delivery's position ([`Metadata`]) and the broker's count of its deliveries
@@ -160,6 +170,8 @@ trait Later: Send + Sync {
     /// when they are read later).
     fn position(&self) -> Option<(Metadata, Attempt)>;
     fn reads_headers(&self) -> bool;
+    /// The payload, in place; `None`: the delivery's own.
+    fn payload(&self) -> Option<&[u8]>;
 }
 
 struct HeadersLater<S>(S);
@@ -173,6 +185,9 @@ impl<S: HeaderSource> Later for HeadersLater<S> {
     }
     fn reads_headers(&self) -> bool {
         true
+    }
+    fn payload(&self) -> Option<&[u8]> {
+        self.0.payload()
     }
 }
 
@@ -188,6 +203,9 @@ impl<S: PositionSource> Later for PositionLater<S> {
     fn reads_headers(&self) -> bool {
         false
     }
+    fn payload(&self) -> Option<&[u8]> {
+        None
+    }
 }
 
 /// What was read from a source, each part once, when first asked for. The source is the
@@ -196,6 +214,8 @@ struct Deferred<S: ?Sized> {
     headers: OnceLock<Option<Headers>>,
     position: OnceLock<Option<(Metadata, Attempt)>>,
     attempt: OnceLock<Attempt>,
+    /// The source's payload, copied once someone asked for a `Bytes` of it.
+    payload: OnceLock<Bytes>,
     source: S,
 }
 
@@ -205,8 +225,27 @@ impl Deferred<dyn Later> {
             headers: OnceLock::new(),
             position: OnceLock::new(),
             attempt: OnceLock::new(),
+            payload: OnceLock::new(),
             source,
         })
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn payload(&self) -> Option<&Bytes> {
+        let in_place = self.source.payload()?;
+        Some(
+            self.payload
+                .get_or_init(|| Bytes::copy_from_slice(in_place)),
+        )
+    }
+
+    /// The payload as a `Bytes` the caller owns: the copy made earlier, or a new one.
+    fn take_payload(&mut self) -> Option<Bytes> {
+        match self.payload.take() {
+            Some(bytes) => Some(bytes),
+            None => self.source.payload().map(Bytes::copy_from_slice),
+        }
     }
 
     // Out of line: the common delivery has everything at hand.
@@ -243,7 +282,7 @@ pub struct Delivery {
 impl Clone for Delivery {
     fn clone(&self) -> Self {
         Self {
-            payload: self.payload.clone(),
+            payload: self.payload().clone(),
             headers: self.headers().clone(),
             key: self.key.clone(),
             address: Arc::clone(&self.address),
@@ -258,7 +297,7 @@ impl Clone for Delivery {
 impl fmt::Debug for Delivery {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Delivery")
-            .field("payload", &self.payload)
+            .field("payload", self.payload())
             .field("headers", self.headers())
             .field("key", &self.key)
             .field("address", &self.address)
@@ -332,8 +371,11 @@ impl Delivery {
             .deferred
             .as_ref()
             .is_some_and(|d| d.source.reads_headers())
+            && let Some(mut deferred) = self.deferred.take()
+            && let Some(payload) = deferred.take_payload()
         {
-            self.deferred = None;
+            // The payload the source held stays the delivery's.
+            self.payload = payload;
         }
     }
 
@@ -380,6 +422,9 @@ impl Delivery {
             {
                 self.headers = headers;
             }
+            if let Some(payload) = deferred.take_payload() {
+                self.payload = payload;
+            }
         }
         self.metadata = metadata;
         self.attempt = attempt;
@@ -388,7 +433,7 @@ impl Delivery {
     /// Done with this delivery: lets go of a [`HeaderSource`] or [`PositionSource`] (and
     /// the client's message it holds) without reading it, as the runtime does with a box
     /// it keeps for reuse. What was not read reads as the delivery's own from then on
-    /// (no headers, no metadata, attempt 1 after a refill).
+    /// (no headers, no metadata, attempt 1, the payload it was refilled with).
     #[inline]
     pub fn discard_deferred(&mut self) {
         if self.deferred.is_some() {
@@ -479,9 +524,26 @@ impl Delivery {
         self.attempt = self.attempt.next();
     }
 
-    /// The payload bytes, as received.
+    /// The payload bytes, as received. (Of a payload left in the client's record, a
+    /// [`HeaderSource::payload`], this makes a copy the first time; to read it without
+    /// one, use [`Delivery::payload_slice`].)
     #[inline]
     pub fn payload(&self) -> &Bytes {
+        match &self.deferred {
+            None => &self.payload,
+            Some(deferred) => deferred.payload().unwrap_or(&self.payload),
+        }
+    }
+
+    /// The payload bytes, as received, read in place: what decoding reads, with no copy
+    /// of a payload left in the client's record.
+    #[inline]
+    pub fn payload_slice(&self) -> &[u8] {
+        if let Some(deferred) = &self.deferred
+            && let Some(payload) = deferred.source.payload()
+        {
+            return payload;
+        }
         &self.payload
     }
 
@@ -662,6 +724,79 @@ mod tests {
         // A malformed count reads as the first attempt, as an eager read would.
         let (delivery, _, _) = lazy("-1");
         assert_eq!(delivery.attempt().number(), 1);
+    }
+
+    /// A record whose payload stays in it.
+    struct Whole {
+        payload: Vec<u8>,
+        _alive: Arc<()>,
+    }
+
+    impl HeaderSource for Whole {
+        fn read(&self) -> Headers {
+            let mut headers = Headers::new();
+            headers.insert(RETRY_COUNT_HEADER, "1");
+            headers
+        }
+        fn payload(&self) -> Option<&[u8]> {
+            Some(&self.payload)
+        }
+    }
+
+    fn whole(payload: &[u8]) -> (Delivery, Arc<()>) {
+        let alive = Arc::new(());
+        let mut delivery = Delivery::empty();
+        delivery
+            .refill(&Arc::from("orders"), Bytes::new())
+            .set_headers_from(Whole {
+                payload: payload.to_vec(),
+                _alive: Arc::clone(&alive),
+            });
+        (delivery, alive)
+    }
+
+    #[test]
+    fn a_payload_left_in_the_source_is_read_in_place_and_kept_when_owned() {
+        let (delivery, alive) = whole(b"{\"id\":1}");
+        assert_eq!(delivery.payload_slice(), b"{\"id\":1}");
+        assert_eq!(
+            &delivery.payload()[..],
+            b"{\"id\":1}",
+            "a copy, made on request"
+        );
+        assert_eq!(
+            delivery.payload().as_ptr(),
+            delivery.payload().as_ptr(),
+            "copied once"
+        );
+        let copy = delivery.clone();
+        drop(delivery);
+        assert_eq!(
+            Arc::strong_count(&alive),
+            1,
+            "a clone holds its own payload"
+        );
+        assert_eq!(&copy.payload()[..], b"{\"id\":1}");
+        // Kept past its handler: the payload (and the headers) become its own.
+        let (mut delivery, alive) = whole(b"kept");
+        delivery.own_deferred();
+        assert_eq!(Arc::strong_count(&alive), 1);
+        assert_eq!(
+            (&delivery.payload()[..], delivery.payload_slice()),
+            (&b"kept"[..], &b"kept"[..])
+        );
+        assert_eq!(delivery.attempt().number(), 2);
+        // Headers set over it let the source go but keep its payload.
+        let (mut delivery, alive) = whole(b"stays");
+        delivery.set_headers(Headers::new());
+        assert_eq!(Arc::strong_count(&alive), 1);
+        assert_eq!(&delivery.payload()[..], b"stays");
+        assert_eq!(delivery.attempt().number(), 1);
+        // Refilled: the next message's payload is its own.
+        let (mut delivery, alive) = whole(b"old");
+        delivery.refill(&Arc::from("orders"), Bytes::from_static(b"new"));
+        assert_eq!(Arc::strong_count(&alive), 1);
+        assert_eq!(delivery.payload_slice(), b"new");
     }
 
     struct Position(u64);

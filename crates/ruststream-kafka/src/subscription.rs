@@ -36,7 +36,8 @@ self_cell::self_cell!(
     /// A record kept with (a handle on) the consumer it borrows, so it can outlive the
     /// poll that gave it: its headers are read from it only if someone asks for them
     /// (librdkafka parses a record's header section on first access, allocating a buffer
-    /// even for none: most records' handlers never ask). A delivery holds it until its
+    /// even for none: most records' handlers never ask), and its payload is decoded in
+    /// place (copied only if someone asks for the bytes). A delivery holds it until its
     /// handler is done; the runtime then lets go of it, so no more records (and the fetch
     /// buffers they share) are held than deliveries run.
     struct Record {
@@ -49,6 +50,11 @@ self_cell::self_cell!(
 impl HeaderSource for Record {
     fn read(&self) -> Headers {
         headers_of(self.borrow_dependent())
+    }
+
+    /// Decoded in place, copied only if someone asks for the `Bytes`.
+    fn payload(&self) -> Option<&[u8]> {
+        Some(self.borrow_dependent().payload().unwrap_or_default())
     }
 }
 
@@ -151,21 +157,30 @@ impl KafkaSubscription {
         }
     }
 
-    /// Writes `message` into `slot`, all but its headers, and books it.
-    fn delivery(&mut self, message: &BorrowedMessage<'_>, slot: &mut Delivery) -> KafkaReceipt {
+    /// Writes `message` into `slot`, all but its headers (and its payload, unless
+    /// `copy_payload`: a record kept whole gives it in place), and books it.
+    fn delivery(
+        &mut self,
+        message: &BorrowedMessage<'_>,
+        slot: &mut Delivery,
+        copy_payload: bool,
+    ) -> KafkaReceipt {
         let topic = match &self.only_topic {
             Some(topic) => Arc::clone(topic),
             None => self.topics.get(message.topic()),
         };
         let (partition, offset) = (message.partition(), message.offset());
-        slot.refill(
-            &topic,
-            Bytes::copy_from_slice(message.payload().unwrap_or_default()),
-        )
-        .set_key(message.key().map(Bytes::copy_from_slice))
-        .set_metadata(
-            Metadata::kafka(partition, offset).with_timestamp_ms(message.timestamp().to_millis()),
-        );
+        let payload = if copy_payload {
+            Bytes::copy_from_slice(message.payload().unwrap_or_default())
+        } else {
+            Bytes::new()
+        };
+        slot.refill(&topic, payload)
+            .set_key(message.key().map(Bytes::copy_from_slice))
+            .set_metadata(
+                Metadata::kafka(partition, offset)
+                    .with_timestamp_ms(message.timestamp().to_millis()),
+            );
         self.book
             .delivered(topic, partition, offset, self.commit.tracks())
     }
@@ -238,7 +253,7 @@ impl KafkaSubscription {
         message: &BorrowedMessage<'_>,
         slot: &mut Delivery,
     ) -> KafkaReceipt {
-        let receipt = self.taken(consumer, message, slot);
+        let receipt = self.taken(consumer, message, slot, true);
         let headers = headers_of(message);
         let (attempt, malformed) = Attempt::from_headers(&headers);
         if let Some(error) = malformed {
@@ -249,14 +264,15 @@ impl KafkaSubscription {
     }
 
     /// Makes a record kept whole a delivery, written into `slot`, and books it: its
-    /// headers (and so the attempt) are read from the record only if someone asks.
+    /// headers (and so the attempt) are read from the record only if someone asks, and
+    /// its payload is decoded where it is (copied only if someone asks for the bytes).
     fn held_over(
         &mut self,
         consumer: &Consumer_,
         record: Record,
         slot: &mut Delivery,
     ) -> KafkaReceipt {
-        let receipt = self.taken(consumer, record.borrow_dependent(), slot);
+        let receipt = self.taken(consumer, record.borrow_dependent(), slot, false);
         slot.set_headers_from(record);
         receipt
     }
@@ -268,6 +284,7 @@ impl KafkaSubscription {
         consumer: &Consumer_,
         message: &BorrowedMessage<'_>,
         slot: &mut Delivery,
+        copy_payload: bool,
     ) -> KafkaReceipt {
         if self.commit == Mode::Auto
             && let Err(e) = consumer.store_offset_from_message(message)
@@ -275,7 +292,7 @@ impl KafkaSubscription {
             // As librdkafka's own automatic store would, at hand-over (K2).
             tracing::warn!(address = &*self.address, error = %e, "storing the offset at hand-over failed");
         }
-        let receipt = self.delivery(message, slot);
+        let receipt = self.delivery(message, slot, copy_payload);
         if let Some(window) = &mut self.window {
             window.handed_out(&receipt);
         }

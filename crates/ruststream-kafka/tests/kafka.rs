@@ -896,3 +896,57 @@ async fn k7_headers_read_on_request_are_the_records_own() {
         "the malformed count is logged when read"
     );
 }
+
+/// Records found in the client's queue are kept whole and decoded where they are; what
+/// leaves the handler with them (a delayed copy, a dead letter) carries their bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn k7_a_record_kept_whole_is_decoded_in_place_and_its_copies_carry_its_bytes() {
+    #[derive(serde::Deserialize)]
+    struct N {
+        n: u32,
+    }
+    let kafka = kafka().await;
+    let (t, dead, group) = (unique("inplace"), unique("inplacedead"), unique("g"));
+    create_topic(&t, 1).await;
+    create_topic(&dead, 1).await;
+    // A backlog the consumer finds in its queue.
+    for payload in [&b"{\"n\":1}"[..], b"{\"n\":2}", b"\x00not json\xff"] {
+        produce(&kafka, &t, None, payload, &Headers::new()).await;
+    }
+    type Seen = Arc<Mutex<Vec<(u32, u32)>>>;
+    let seen: Seen = Arc::default();
+    let app = start(
+        App::new().state(Arc::clone(&seen)).register(
+            on(
+                topic(&kafka, &t, &group, Commit::Tracked),
+                async |ruststream::Message(N { n }): ruststream::Message<N>,
+                       attempt: ruststream::Attempt,
+                       ruststream::State(seen): ruststream::State<Seen>| {
+                    seen.lock().unwrap().push((n, attempt.number()));
+                    if n == 2 && attempt.number() == 1 {
+                        HandlerOutcome::retry_after(Duration::from_millis(200))
+                    } else {
+                        HandlerOutcome::ack()
+                    }
+                },
+            )
+            .max_attempts(3)
+            .dead_letter(&dead),
+        ),
+    )
+    .await;
+    let letters = read_topic(&dead, 1, 1, Duration::from_secs(30)).await;
+    assert_eq!(letters.len(), 1, "the undecodable record, dead-lettered");
+    assert_eq!(&letters[0].payload[..], b"\x00not json\xff");
+    eventually(Duration::from_secs(30), "the copy is handled", || {
+        seen.lock().unwrap().len() == 3
+    })
+    .await;
+    assert_eq!(*seen.lock().unwrap(), [(1, 1), (2, 1), (2, 2)]);
+    let records = read_topic(&t, 1, 4, Duration::from_secs(10)).await;
+    let copy = records.iter().find(|r| r.offset == 3).expect("the copy");
+    assert_eq!(&copy.payload[..], b"{\"n\":2}", "the delayed copy's bytes");
+    assert_eq!(copy.header(RETRY_COUNT_HEADER), Some("1"));
+    committed_becomes(&group, &t, 0, 4, Duration::from_secs(10)).await;
+    app.stop().await;
+}

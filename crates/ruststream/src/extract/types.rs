@@ -60,7 +60,7 @@ fn decode<T: DeserializeOwned, C: Codec>(
     incoming: &Incoming,
     extractor: &'static str,
 ) -> Result<T, Rejection> {
-    C::decode(incoming.delivery().payload()).map_err(|error| {
+    C::decode(incoming.delivery().payload_slice()).map_err(|error| {
         Rejection::new(
             extractor,
             Cause::context(format!("{} decode failed", C::NAME), error),
