@@ -1,5 +1,6 @@
 //! A message as received from a broker.
 
+use std::any::Any;
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 
@@ -208,43 +209,99 @@ impl<S: PositionSource> Later for PositionLater<S> {
     }
 }
 
-/// What was read from a source, each part once, when first asked for. The source is the
-/// last field, so one box holds it all.
-struct Deferred<S: ?Sized> {
+/// What was read from a source, each part once, when first asked for.
+#[derive(Default)]
+struct Cells {
     headers: OnceLock<Option<Headers>>,
     position: OnceLock<Option<(Metadata, Attempt)>>,
     attempt: OnceLock<Attempt>,
     /// The source's payload, copied once someone asked for a `Bytes` of it.
     payload: OnceLock<Bytes>,
-    source: S,
 }
 
-impl Deferred<dyn Later> {
-    fn new(source: impl Later + 'static) -> Box<Self> {
+/// A source and what was read from it, in one box. Done with, the source is let go and
+/// the box kept: the delivery's next source of the same kind moves into it, so a box
+/// handed back for reuse costs no allocation per message.
+struct Deferred<L> {
+    cells: Cells,
+    source: Option<L>,
+}
+
+/// A [`Deferred`] of any source, as a delivery holds it.
+trait Slot: Any + Send + Sync {
+    fn cells(&self) -> &Cells;
+    fn cells_mut(&mut self) -> &mut Cells;
+    /// The source; `None` once let go.
+    fn later(&self) -> Option<&dyn Later>;
+    /// Lets go of the source and of what was read from it; the box stays.
+    fn release(&mut self);
+}
+
+impl<L: Later + 'static> Slot for Deferred<L> {
+    fn cells(&self) -> &Cells {
+        &self.cells
+    }
+    fn cells_mut(&mut self) -> &mut Cells {
+        &mut self.cells
+    }
+    fn later(&self) -> Option<&dyn Later> {
+        self.source.as_ref().map(|source| source as &dyn Later)
+    }
+    fn release(&mut self) {
+        self.source = None;
+        self.cells = Cells::default();
+    }
+}
+
+impl dyn Slot {
+    /// `later` in a box: `spare`'s if it held a source of the same kind, else a new one.
+    fn with<L: Later + 'static>(spare: Option<Box<dyn Slot>>, later: L) -> Box<dyn Slot> {
+        if let Some(mut spare) = spare
+            && let Some(deferred) = (&mut *spare as &mut dyn Any).downcast_mut::<Deferred<L>>()
+        {
+            deferred.source = Some(later);
+            return spare;
+        }
         Box::new(Deferred {
-            headers: OnceLock::new(),
-            position: OnceLock::new(),
-            attempt: OnceLock::new(),
-            payload: OnceLock::new(),
-            source,
+            cells: Cells::default(),
+            source: Some(later),
         })
+    }
+
+    /// The payload in the source, read in place.
+    #[inline]
+    fn payload_in_place(&self) -> Option<&[u8]> {
+        self.later()?.payload()
+    }
+
+    fn reads_headers(&self) -> bool {
+        self.later().is_some_and(Later::reads_headers)
     }
 
     #[cold]
     #[inline(never)]
     fn payload(&self) -> Option<&Bytes> {
-        let in_place = self.source.payload()?;
+        let in_place = self.payload_in_place()?;
         Some(
-            self.payload
+            self.cells()
+                .payload
                 .get_or_init(|| Bytes::copy_from_slice(in_place)),
         )
     }
 
     /// The payload as a `Bytes` the caller owns: the copy made earlier, or a new one.
     fn take_payload(&mut self) -> Option<Bytes> {
-        match self.payload.take() {
+        match self.cells_mut().payload.take() {
             Some(bytes) => Some(bytes),
-            None => self.source.payload().map(Bytes::copy_from_slice),
+            None => self.payload_in_place().map(Bytes::copy_from_slice),
+        }
+    }
+
+    /// The headers as the caller's: those read earlier, or read now.
+    fn take_headers(&mut self) -> Option<Headers> {
+        match self.cells_mut().headers.take() {
+            Some(headers) => headers,
+            None => self.later().and_then(Later::headers),
         }
     }
 
@@ -252,14 +309,18 @@ impl Deferred<dyn Later> {
     #[cold]
     #[inline(never)]
     fn headers(&self) -> Option<&Headers> {
-        self.headers.get_or_init(|| self.source.headers()).as_ref()
+        self.cells()
+            .headers
+            .get_or_init(|| self.later().and_then(Later::headers))
+            .as_ref()
     }
 
     #[cold]
     #[inline(never)]
     fn position(&self) -> Option<&(Metadata, Attempt)> {
-        self.position
-            .get_or_init(|| self.source.position())
+        self.cells()
+            .position
+            .get_or_init(|| self.later().and_then(Later::position))
             .as_ref()
     }
 }
@@ -275,7 +336,9 @@ pub struct Delivery {
     reply_to: Option<Arc<str>>,
     /// When set, what it reads (headers, or metadata) and the attempt are its, not the
     /// fields above.
-    deferred: Option<Box<Deferred<dyn Later>>>,
+    deferred: Option<Box<dyn Slot>>,
+    /// The box of a source let go, for the next one.
+    spare: Option<Box<dyn Slot>>,
 }
 
 /// A clone holds its headers itself (read now if they were not yet), not the source.
@@ -290,6 +353,7 @@ impl Clone for Delivery {
             attempt: self.attempt(),
             reply_to: self.reply_to.clone(),
             deferred: None,
+            spare: None,
         }
     }
 }
@@ -321,6 +385,7 @@ impl Delivery {
             attempt: Attempt::from_broker(1),
             reply_to: None,
             deferred: None,
+            spare: None,
         }
     }
 
@@ -367,15 +432,15 @@ impl Delivery {
     /// Headers set over a source: a header source is let go (a position source stays).
     #[cold]
     fn headers_set_over_deferred(&mut self) {
-        if self
-            .deferred
-            .as_ref()
-            .is_some_and(|d| d.source.reads_headers())
+        if self.deferred.as_ref().is_some_and(|d| d.reads_headers())
             && let Some(mut deferred) = self.deferred.take()
-            && let Some(payload) = deferred.take_payload()
         {
             // The payload the source held stays the delivery's.
-            self.payload = payload;
+            if let Some(payload) = deferred.take_payload() {
+                self.payload = payload;
+            }
+            deferred.release();
+            self.spare = Some(deferred);
         }
     }
 
@@ -387,7 +452,7 @@ impl Delivery {
     #[inline]
     pub fn set_headers_from(&mut self, source: impl HeaderSource + 'static) -> &mut Self {
         self.own_deferred();
-        self.deferred = Some(Deferred::new(HeadersLater(source)));
+        self.deferred = Some(<dyn Slot>::with(self.spare.take(), HeadersLater(source)));
         self
     }
 
@@ -397,7 +462,7 @@ impl Delivery {
     #[inline]
     pub fn set_position_from(&mut self, source: impl PositionSource + 'static) -> &mut Self {
         self.own_deferred();
-        self.deferred = Some(Deferred::new(PositionLater(source)));
+        self.deferred = Some(<dyn Slot>::with(self.spare.take(), PositionLater(source)));
         self
     }
 
@@ -415,16 +480,14 @@ impl Delivery {
     fn own_deferred_now(&mut self) {
         let (metadata, attempt) = (*self.metadata(), self.attempt());
         if let Some(mut deferred) = self.deferred.take() {
-            if let Some(headers) = deferred
-                .headers
-                .take()
-                .unwrap_or_else(|| deferred.source.headers())
-            {
+            if let Some(headers) = deferred.take_headers() {
                 self.headers = headers;
             }
             if let Some(payload) = deferred.take_payload() {
                 self.payload = payload;
             }
+            deferred.release();
+            self.spare = Some(deferred);
         }
         self.metadata = metadata;
         self.attempt = attempt;
@@ -443,7 +506,10 @@ impl Delivery {
 
     #[cold]
     fn discard_deferred_now(&mut self) {
-        self.deferred = None;
+        if let Some(mut deferred) = self.deferred.take() {
+            deferred.release();
+            self.spare = Some(deferred);
+        }
     }
 
     /// Sets the key in place.
@@ -540,7 +606,7 @@ impl Delivery {
     #[inline]
     pub fn payload_slice(&self) -> &[u8] {
         if let Some(deferred) = &self.deferred
-            && let Some(payload) = deferred.source.payload()
+            && let Some(payload) = deferred.payload_in_place()
         {
             return payload;
         }
@@ -588,17 +654,17 @@ impl Delivery {
     pub fn attempt(&self) -> Attempt {
         match &self.deferred {
             None => self.attempt,
-            Some(deferred) => self.deferred_attempt(deferred),
+            Some(deferred) => self.deferred_attempt(&**deferred),
         }
     }
 
     #[cold]
     #[inline(never)]
-    fn deferred_attempt(&self, deferred: &Deferred<dyn Later>) -> Attempt {
-        *deferred.attempt.get_or_init(|| {
+    fn deferred_attempt(&self, deferred: &dyn Slot) -> Attempt {
+        *deferred.cells().attempt.get_or_init(|| {
             if let Some((_, attempt)) = deferred.position() {
                 *attempt
-            } else if deferred.source.reads_headers() {
+            } else if deferred.reads_headers() {
                 self.attempt_from_headers()
             } else {
                 self.attempt
@@ -797,6 +863,50 @@ mod tests {
         delivery.refill(&Arc::from("orders"), Bytes::from_static(b"new"));
         assert_eq!(Arc::strong_count(&alive), 1);
         assert_eq!(delivery.payload_slice(), b"new");
+    }
+
+    fn box_of(delivery: &Delivery) -> Option<*const ()> {
+        delivery
+            .deferred
+            .as_deref()
+            .map(|d| std::ptr::from_ref(d).cast::<()>())
+    }
+
+    #[test]
+    fn a_source_let_go_leaves_its_box_for_the_next_of_its_kind() {
+        let (mut delivery, _, alive) = lazy("1");
+        assert_eq!(delivery.attempt().number(), 2, "read, and so cached");
+        let first = box_of(&delivery).expect("a box");
+        delivery.discard_deferred();
+        assert_eq!(Arc::strong_count(&alive), 1, "the source is let go");
+        let mut headers = Headers::new();
+        headers.insert(RETRY_COUNT_HEADER, "6");
+        let (count, next) = (
+            Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+            Arc::new(()),
+        );
+        delivery
+            .refill(&Arc::from("orders"), Bytes::new())
+            .set_headers_from(Counted {
+                headers,
+                reads: Arc::clone(&count),
+                _alive: Arc::clone(&next),
+            });
+        assert_eq!(box_of(&delivery), Some(first), "the same box, reused");
+        assert_eq!(reads(&count), 0);
+        assert_eq!(
+            delivery.attempt().number(),
+            7,
+            "nothing read from the last source carries over"
+        );
+        assert_eq!(reads(&count), 1);
+        // Owned, the box is kept too; a source of another kind gets a box of its own.
+        delivery.own_deferred();
+        assert_eq!(Arc::strong_count(&next), 1);
+        delivery.set_position_from(Position(5));
+        assert_ne!(box_of(&delivery), Some(first));
+        assert_eq!(delivery.metadata().sequence, Some(5));
+        assert_eq!(delivery.headers().len(), 1, "the headers owned before stay");
     }
 
     struct Position(u64);
