@@ -201,8 +201,11 @@ async fn s2_s5_no_outcome_is_claimed_by_another_consumer_once_the_claim_timeout_
 async fn s5_a_running_entry_is_kept_from_other_consumers_past_the_claim_timeout() {
     let redis = redis().await;
     let key = stream("s5");
-    let claim = Duration::from_millis(500);
-    let slow = Script::slow(Duration::from_millis(2_000), |_| HandlerOutcome::ack());
+    // The keepalive runs every third of the claim timeout, so a stall of the server (an
+    // fsync of its append-only file on a busy disk) or of this process shorter than two
+    // thirds of it cannot let the other consumer claim: a second here, not half of one.
+    let claim = Duration::from_millis(1_000);
+    let slow = Script::slow(Duration::from_millis(4_000), |_| HandlerOutcome::ack());
     let other = Script::new(|_| HandlerOutcome::ack());
     let running = App::new()
         .register(on(
@@ -221,7 +224,7 @@ async fn s5_a_running_entry_is_kept_from_other_consumers_past_the_claim_timeout(
         slow.count() + other.count() >= 1
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(3_000)).await;
+    tokio::time::sleep(Duration::from_millis(5_000)).await;
     running.stop().await;
     // Whichever consumer took it first ran it to the end; the other never saw it.
     let calls: Vec<_> = slow.calls().into_iter().chain(other.calls()).collect();
