@@ -63,6 +63,7 @@ impl Book {
         }
     }
 
+    #[inline]
     pub(crate) fn slot(&mut self, topic: &Arc<str>, partition: i32) -> usize {
         let is = |s: &PartitionState| s.partition == partition && *s.topic == **topic;
         if self.partitions.get(self.last).is_some_and(is) {
@@ -86,6 +87,7 @@ impl Book {
     }
 
     /// Records a delivered offset (tracked or not) and makes its receipt.
+    #[inline]
     pub(crate) fn delivered(
         &mut self,
         topic: Arc<str>,
@@ -109,6 +111,7 @@ impl Book {
 
     /// Settles a receipt: the new stored position when it moved; nothing for a delivery
     /// read before its partition moved.
+    #[inline]
     pub(crate) fn settled(&mut self, receipt: &KafkaReceipt) -> Option<i64> {
         self.forget_moved_partitions();
         let state = self.partitions.get_mut(receipt.slot)?;
@@ -125,6 +128,7 @@ impl Book {
     }
 
     /// The list that stores `resume_at` as the position of `receipt`'s partition.
+    #[inline]
     pub(crate) fn store_list(
         &mut self,
         receipt: &KafkaReceipt,

@@ -20,6 +20,7 @@ pub(crate) struct Moves {
 }
 
 impl Moves {
+    #[inline]
     pub(crate) fn epoch(&self) -> u64 {
         self.epoch.load(Ordering::Acquire)
     }

@@ -83,6 +83,7 @@ enum NotNow {
 }
 
 /// The next record in the client's queue, if one is there now (no waiting).
+#[inline]
 fn record_now(consumer: &Consumer_) -> Result<BorrowedMessage<'_>, NotNow> {
     let mut recv = pin!(consumer.recv());
     match recv.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
@@ -159,6 +160,7 @@ impl KafkaSubscription {
 
     /// Writes `message` into `slot`, all but its headers (and its payload, unless
     /// `copy_payload`: a record kept whole gives it in place), and books it.
+    #[inline]
     fn delivery(
         &mut self,
         message: &BorrowedMessage<'_>,
@@ -266,6 +268,7 @@ impl KafkaSubscription {
     /// Makes a record kept whole a delivery, written into `slot`, and books it: its
     /// headers (and so the attempt) are read from the record only if someone asks, and
     /// its payload is decoded where it is (copied only if someone asks for the bytes).
+    #[inline]
     fn held_over(
         &mut self,
         consumer: &Consumer_,
@@ -279,6 +282,7 @@ impl KafkaSubscription {
 
     /// What every record handed over goes through: the offset stored at hand-over
     /// (`Commit::Auto`), the delivery written but for its headers, the window told.
+    #[inline]
     fn taken(
         &mut self,
         consumer: &Consumer_,
@@ -349,6 +353,7 @@ impl KafkaSubscription {
     }
 
     /// Resumes every partition paused at the bound.
+    #[inline]
     fn resume(&mut self, consumer: &Consumer_) {
         if self.paused.count() == 0 {
             return;

@@ -27,6 +27,7 @@ impl OffsetTracker {
     }
 
     /// `offset` was handed to a handler (again, for a redelivery).
+    #[inline]
     pub(crate) fn delivered(&mut self, offset: i64) {
         match self.running.back() {
             Some(last) if *last >= offset => {
@@ -41,6 +42,7 @@ impl OffsetTracker {
     }
 
     /// `offset` is settled. Returns the new stored position when it moved up.
+    #[inline]
     pub(crate) fn settled(&mut self, offset: i64) -> Option<i64> {
         match self.running.front() {
             // The common case: the lowest running one settles.
