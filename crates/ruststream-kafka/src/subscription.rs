@@ -269,13 +269,13 @@ impl KafkaSubscription {
     /// headers (and so the attempt) are read from the record only if someone asks, and
     /// its payload is decoded where it is (copied only if someone asks for the bytes).
     #[inline]
-    fn held_over(
-        &mut self,
-        consumer: &Consumer_,
-        record: Record,
-        slot: &mut Delivery,
-    ) -> KafkaReceipt {
-        let receipt = self.taken(consumer, record.borrow_dependent(), slot, false);
+    fn held_over(&mut self, record: Record, slot: &mut Delivery) -> KafkaReceipt {
+        let receipt = self.taken(
+            record.borrow_owner(),
+            record.borrow_dependent(),
+            slot,
+            false,
+        );
         slot.set_headers_from(record);
         receipt
     }
@@ -435,9 +435,26 @@ impl Subscription for KafkaSubscription {
             return Some(Ok(receipt));
         }
         self.resume(&consumer);
+        if self.window.is_none() {
+            // The common case, without entering `poll`: a record already in the client's
+            // queue, taken whole (the handle cloned above becomes the record's).
+            self.book.forget_moved_partitions();
+            match Record::try_new(consumer, record_now) {
+                Ok(record) => {
+                    // Polling may have run a rebalance: forgotten before it is booked.
+                    self.book.forget_moved_partitions();
+                    return Some(Ok(self.held_over(record, slot)));
+                }
+                Err(NotNow::Failed(e)) => {
+                    return Some(Err(SubscribeError::new(&*self.address, e)));
+                }
+                Err(NotNow::Empty) => {}
+            }
+        }
+        let consumer = Arc::clone(self.consumer.as_ref()?);
         loop {
             return match self.poll(&consumer).await {
-                Polled::Held(record) => Some(Ok(self.held_over(&consumer, record, slot))),
+                Polled::Held(record) => Some(Ok(self.held_over(record, slot))),
                 Polled::Record(Ok(message)) => {
                     Some(Ok(self.handed_over(&consumer, &message, slot)))
                 }
