@@ -95,8 +95,6 @@ fn record_now(consumer: &Consumer_) -> Result<BorrowedMessage<'_>, NotNow> {
 
 /// What one poll of the consumer gave.
 enum Polled<'c> {
-    /// A record that was waiting in the client's queue, kept whole.
-    Held(Record),
     /// A record waited for (read at once, like an error).
     Record(KafkaResult<BorrowedMessage<'c>>),
     /// The exactly-once window's commit is due: tick it before polling again.
@@ -215,7 +213,8 @@ impl KafkaSubscription {
             .map_err(|e| failed("seeking", e))
     }
 
-    /// Polls the consumer once, ticking the exactly-once window first.
+    /// Waits for the consumer's next record, ticking the exactly-once window first (a
+    /// record already waiting, with no window, `next_into` takes itself, kept whole).
     async fn poll<'c>(&mut self, consumer: &'c Consumer_) -> Polled<'c> {
         self.book.forget_moved_partitions();
         let due = match &mut self.window {
@@ -225,17 +224,6 @@ impl KafkaSubscription {
             },
             None => None,
         };
-        if due.is_none() {
-            // A record already in the client's queue is taken whole, without waiting.
-            match Record::try_new(Arc::clone(consumer), record_now) {
-                Ok(record) => {
-                    self.book.forget_moved_partitions();
-                    return Polled::Held(record);
-                }
-                Err(NotNow::Failed(e)) => return Polled::Record(Err(e)),
-                Err(NotNow::Empty) => {}
-            }
-        }
         let result = match due {
             None => consumer.recv().await,
             Some(due) => tokio::select! {
@@ -454,7 +442,6 @@ impl Subscription for KafkaSubscription {
         let consumer = Arc::clone(self.consumer.as_ref()?);
         loop {
             return match self.poll(&consumer).await {
-                Polled::Held(record) => Some(Ok(self.held_over(record, slot))),
                 Polled::Record(Ok(message)) => {
                     Some(Ok(self.handed_over(&consumer, &message, slot)))
                 }
@@ -527,7 +514,6 @@ impl Subscription for KafkaSubscription {
         match self.poll(&consumer).await {
             // From a partition assigned since the last pause (paused next round), or one
             // whose pause failed (tried again next round).
-            Polled::Held(record) => self.hold_early(&consumer, record.borrow_dependent()),
             Polled::Record(Ok(message)) => self.hold_early(&consumer, &message),
             Polled::Record(Err(e)) => {
                 tracing::debug!(address = &*self.address, error = %e, "polling at max_in_flight failed");
