@@ -90,23 +90,28 @@ impl Book {
     #[inline]
     pub(crate) fn delivered(
         &mut self,
-        topic: Arc<str>,
+        topic: &Arc<str>,
         partition: i32,
         offset: i64,
         track: bool,
     ) -> KafkaReceipt {
-        let slot = self.slot(&topic, partition);
+        let slot = self.slot(topic, partition);
         let state = &mut self.partitions[slot];
         if track {
             state.tracker.delivered(offset);
         }
         KafkaReceipt {
-            topic,
+            slot,
             partition,
             offset,
             generation: state.generation,
-            slot,
         }
+    }
+
+    /// The topic of `receipt`'s partition.
+    #[inline]
+    pub(crate) fn topic(&self, receipt: &KafkaReceipt) -> &Arc<str> {
+        &self.partitions[receipt.slot].topic
     }
 
     /// Settles a receipt: the new stored position when it moved; nothing for a delivery
@@ -117,7 +122,7 @@ impl Book {
         let state = self.partitions.get_mut(receipt.slot)?;
         if state.generation != receipt.generation {
             tracing::debug!(
-                topic = &*receipt.topic,
+                topic = &*state.topic,
                 partition = receipt.partition,
                 offset = receipt.offset,
                 "settled after its partition moved: nothing stored (K5)"
@@ -161,9 +166,7 @@ mod tests {
         let moves = Arc::new(Moves::default());
         let mut book = Book::new(Arc::clone(&moves));
         let topic: Arc<str> = Arc::from("orders");
-        let early: Vec<KafkaReceipt> = (0..3)
-            .map(|o| book.delivered(Arc::clone(&topic), 0, o, true))
-            .collect();
+        let early: Vec<KafkaReceipt> = (0..3).map(|o| book.delivered(&topic, 0, o, true)).collect();
         assert_eq!(book.settled(&early[1]), None, "0 still runs");
         // The partition is revoked and assigned again.
         moves.moved([("orders".to_owned(), 0)].into_iter());
@@ -174,7 +177,7 @@ mod tests {
         );
         assert_eq!(book.stored("orders", 0), None, "tracked state discarded");
         // The new reader starts again from the committed offset.
-        let again = book.delivered(Arc::clone(&topic), 0, 0, true);
+        let again = book.delivered(&topic, 0, 0, true);
         assert_eq!(book.settled(&again), Some(0));
         assert_eq!(book.settled(&early[2]), None);
     }
@@ -184,7 +187,7 @@ mod tests {
         let moves = Arc::new(Moves::default());
         let mut book = Book::new(Arc::clone(&moves));
         let topic: Arc<str> = Arc::from("orders");
-        let p1 = book.delivered(Arc::clone(&topic), 1, 7, true);
+        let p1 = book.delivered(&topic, 1, 7, true);
         moves.moved([("orders".to_owned(), 0)].into_iter());
         assert_eq!(book.settled(&p1), Some(7));
     }

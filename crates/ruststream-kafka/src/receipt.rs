@@ -1,14 +1,13 @@
 //! What a Kafka delivery is settled by.
 
-use std::sync::Arc;
-
 /// Where a delivery came from, and which assignment of its partition it belongs to.
 #[derive(Debug, Clone)]
 pub struct KafkaReceipt {
-    pub(crate) topic: Arc<str>,
+    /// Its partition's place in the subscription's book, which names the topic (a place
+    /// is never reused for another partition): no topic name to count a reference to
+    /// for every record.
+    pub(crate) slot: usize,
     pub(crate) partition: i32,
     pub(crate) offset: i64,
     pub(crate) generation: u64,
-    /// Its partition's place in the book.
-    pub(crate) slot: usize,
 }

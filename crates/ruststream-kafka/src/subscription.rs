@@ -165,9 +165,13 @@ impl KafkaSubscription {
         slot: &mut Delivery,
         copy_payload: bool,
     ) -> KafkaReceipt {
+        let named;
         let topic = match &self.only_topic {
-            Some(topic) => Arc::clone(topic),
-            None => self.topics.get(message.topic()),
+            Some(topic) => topic,
+            None => {
+                named = self.topics.get(message.topic());
+                &named
+            }
         };
         let (partition, offset) = (message.partition(), message.offset());
         let payload = if copy_payload {
@@ -175,7 +179,7 @@ impl KafkaSubscription {
         } else {
             Bytes::new()
         };
-        slot.refill(&topic, payload)
+        slot.refill(topic, payload)
             .set_key(message.key().map(Bytes::copy_from_slice))
             .set_metadata(
                 Metadata::kafka(partition, offset)
@@ -192,7 +196,8 @@ impl KafkaSubscription {
         let Some(consumer) = self.consumer.as_ref() else {
             return Ok(());
         };
-        let (topic, partition, offset) = (&*receipt.topic, receipt.partition, receipt.offset);
+        let topic = &**self.book.topic(receipt);
+        let (partition, offset) = (receipt.partition, receipt.offset);
         let failed = |what: &str, e: rdkafka::error::KafkaError| {
             AckError::Failed(Cause::context(
                 format!("{what} {topic}/{partition} to offset {offset}"),
@@ -247,7 +252,8 @@ impl KafkaSubscription {
         let headers = headers_of(message);
         let (attempt, malformed) = Attempt::from_headers(&headers);
         if let Some(error) = malformed {
-            tracing::warn!(topic = &*receipt.topic, offset = receipt.offset, %error, "counting it as the first attempt");
+            let topic = &**self.book.topic(&receipt);
+            tracing::warn!(topic, offset = receipt.offset, %error, "counting it as the first attempt");
         }
         slot.set_headers(headers).set_attempt(attempt);
         receipt
@@ -286,7 +292,7 @@ impl KafkaSubscription {
         }
         let receipt = self.delivery(message, slot, copy_payload);
         if let Some(window) = &mut self.window {
-            window.handed_out(&receipt);
+            window.handed_out(self.book.topic(&receipt), &receipt);
         }
         receipt
     }
@@ -462,7 +468,7 @@ impl Subscription for KafkaSubscription {
                     _ => None,
                 };
                 if let Some(window) = &mut self.window {
-                    window.settled(&receipt, settle, position);
+                    window.settled(self.book.topic(&receipt), &receipt, settle, position);
                 }
                 Ok(())
             }
@@ -478,18 +484,17 @@ impl Subscription for KafkaSubscription {
                     return Ok(());
                 };
                 // The group resumes from the record after the position.
-                self.book
+                let stored = self
+                    .book
                     .store_list(&receipt, position + 1)
-                    .and_then(|list| consumer.store_offsets(list))
-                    .map_err(|e| {
-                        AckError::Failed(Cause::context(
-                            format!(
-                                "storing offset {position} of {}/{}",
-                                receipt.topic, receipt.partition
-                            ),
-                            e,
-                        ))
-                    })
+                    .and_then(|list| consumer.store_offsets(list));
+                stored.map_err(|e| {
+                    let topic = self.book.topic(&receipt);
+                    AckError::Failed(Cause::context(
+                        format!("storing offset {position} of {topic}/{}", receipt.partition),
+                        e,
+                    ))
+                })
             }
             (Mode::Tracked, other) => Err(AckError::failed(format!(
                 "{other:?} has no meaning on Kafka"

@@ -42,7 +42,7 @@ pub(crate) struct Window {
     began: Instant,
     offsets: WindowOffsets,
     in_flight: usize,
-    parked: HashSet<(Arc<str>, i32, i64, u64)>,
+    parked: HashSet<(usize, i64, u64)>,
     doomed: bool,
     epoch: u64,
     read: HashSet<(Arc<str>, i32)>,
@@ -95,10 +95,9 @@ impl Window {
         })
     }
 
-    pub(crate) fn handed_out(&mut self, receipt: &KafkaReceipt) {
+    pub(crate) fn handed_out(&mut self, topic: &Arc<str>, receipt: &KafkaReceipt) {
         self.in_flight += 1;
-        self.read
-            .insert((Arc::clone(&receipt.topic), receipt.partition));
+        self.read.insert((Arc::clone(topic), receipt.partition));
     }
 
     pub(crate) fn parked(&mut self, receipt: &KafkaReceipt) {
@@ -110,6 +109,7 @@ impl Window {
     /// A settlement: `position` is the partition's new stored position, if it moved.
     pub(crate) fn settled(
         &mut self,
+        topic: &Arc<str>,
         receipt: &KafkaReceipt,
         settle: Settle,
         position: Option<i64>,
@@ -122,10 +122,8 @@ impl Window {
             self.doomed = true;
         }
         if let Some(position) = position {
-            self.offsets.insert(
-                (Arc::clone(&receipt.topic), receipt.partition),
-                position + 1,
-            );
+            self.offsets
+                .insert((Arc::clone(topic), receipt.partition), position + 1);
         }
     }
 
@@ -248,13 +246,9 @@ impl Window {
     }
 }
 
-fn key(receipt: &KafkaReceipt) -> (Arc<str>, i32, i64, u64) {
-    (
-        Arc::clone(&receipt.topic),
-        receipt.partition,
-        receipt.offset,
-        receipt.generation,
-    )
+/// A parked delivery: its partition's place in the book, offset and generation.
+fn key(receipt: &KafkaReceipt) -> (usize, i64, u64) {
+    (receipt.slot, receipt.offset, receipt.generation)
 }
 
 fn commit(
