@@ -20,6 +20,7 @@ use super::lanes::{Finished, Lanes as LaneSet};
 use super::quiet::ErrorRun;
 use super::shared::{Done, Fate, Job, Shared};
 use super::{copy, lane};
+use crate::extract::Incoming;
 use crate::middleware::Service;
 use crate::ops::SettleError;
 use crate::registration::LaneKey;
@@ -151,8 +152,9 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
         .metrics
         .as_ref()
         .map(|_| Arc::clone(&shared.in_flight));
-    let mut set = LaneSet::new(lanes.count, running, move |delivery| {
-        lane::handle(shared_ref, delivery)
+    let context = Arc::clone(&shared.context);
+    let mut set = LaneSet::new(lanes.count, running, context, move |incoming| {
+        lane::handle(shared_ref, incoming)
     });
     let mut timers = Timed::new();
     let mut pending: Waiting<Sub::Receipt> = None;
@@ -172,7 +174,7 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
         // finished in its first poll, settled; no select, no queue shared with anyone.
         let fetch = Fetch {
             subscription: &mut subscription,
-            slot: &mut slot,
+            slot: slot.delivery_mut(),
             room,
             waiting: pending.is_some(),
         };
@@ -248,7 +250,7 @@ async fn close_within<Sub, S, F, St>(
     Sub: Subscription,
     S: Service,
     F: Future<Output = Finished>,
-    St: Fn(Box<Delivery>) -> F,
+    St: Fn(Box<Incoming>) -> F,
 {
     let hard = Instant::now() + deadlines.drain + deadlines.close;
     let drained = drain_and_close(subscription, shared, set, pending, timers, deadlines);
@@ -340,7 +342,7 @@ impl<Sub: Subscription> Fetch<'_, Sub> {
     ) -> Event<Sub::Receipt>
     where
         F: Future<Output = Finished>,
-        St: Fn(Box<Delivery>) -> F,
+        St: Fn(Box<Incoming>) -> F,
     {
         let Self {
             subscription,
@@ -375,7 +377,7 @@ fn poll_event<R, F, St, Fetch>(
 where
     R: Send + 'static,
     F: Future<Output = Finished>,
-    St: Fn(Box<Delivery>) -> F,
+    St: Fn(Box<Incoming>) -> F,
     Fetch: Future<Output = Option<Option<Result<R, SubscribeError>>>>,
 {
     if let Poll::Ready(done) = set.poll_finished(cx) {
@@ -428,7 +430,7 @@ async fn drain_and_close<Sub, S, F, St>(
     Sub: Subscription,
     S: Service,
     F: Future<Output = Finished>,
-    St: Fn(Box<Delivery>) -> F,
+    St: Fn(Box<Incoming>) -> F,
 {
     let mut deadline = pin!(sleep_until(Instant::now() + deadlines.drain));
     if let Some((lane, job)) = pending {
@@ -524,13 +526,17 @@ fn accept<Sub: Subscription, S, F, St>(
 ) -> (usize, bool, Waiting<Sub::Receipt>)
 where
     F: Future<Output = Finished>,
-    St: Fn(Box<Delivery>) -> F,
+    St: Fn(Box<Incoming>) -> F,
 {
     if let Some(metrics) = &shared.metrics {
         metrics.deliveries.inc();
     }
     shared.begin();
-    let lane = pick_lane(&job.delivery, &picker.lanes, &mut picker.round_robin);
+    let lane = pick_lane(
+        job.delivery.delivery(),
+        &picker.lanes,
+        &mut picker.round_robin,
+    );
     let started = set.is_free(lane);
     if !started {
         subscription.running_on(&job.receipt);
@@ -620,11 +626,11 @@ async fn apply<Sub: Subscription, S: Service>(
                 if stopped {
                     tracing::warn!(
                         registration = &*shared.registration,
-                        address = delivery.address(),
+                        address = delivery.delivery().address(),
                         "stopping: publishing a delayed retry copy before its time so it is not lost"
                     );
                 }
-                let settle = copy::deliver(&shared, &delivery, copy, settle).await;
+                let settle = copy::deliver(&shared, delivery.delivery(), copy, settle).await;
                 let fate = Fate::Settle(settle);
                 Done { receipt, fate }
             });

@@ -3,7 +3,6 @@
 
 use std::future::{Future, poll_fn};
 use std::pin::pin;
-use std::sync::Arc;
 use std::task::Poll;
 
 use super::copy;
@@ -24,14 +23,16 @@ use ruststream_core::{
 
 /// Runs a delivery; returns what to settle and, unless a delayed copy keeps it, the box
 /// the delivery came in. (Its receipt stays with the lanes.)
-pub(crate) async fn handle<S: Service>(shared: &Shared<S>, delivery: Box<Delivery>) -> Finished {
-    let mut incoming = Incoming::new(delivery, Arc::clone(&shared.context));
+pub(crate) async fn handle<S: Service>(
+    shared: &Shared<S>,
+    mut incoming: Box<Incoming>,
+) -> Finished {
     let mut reruns = 0;
     loop {
         let called = shared.metrics.as_ref().map(Instruments::now);
         let (completion, report) = call(shared, &incoming).await;
         if let Some(settle) = settled_as_planned(shared, incoming.delivery(), &completion) {
-            return (Fate::Settle(settle), Some(incoming.into_delivery()));
+            return (Fate::Settle(settle), Some(incoming));
         }
         let plan = decide(shared, incoming.delivery(), &completion, report);
         if let (Some(metrics), Some(called)) = (&shared.metrics, called) {
@@ -53,10 +54,9 @@ pub(crate) async fn handle<S: Service>(shared: &Shared<S>, delivery: Box<Deliver
             }
             Some(c) => {
                 // Kept for the delay: its headers read now, the client's record let go.
-                let mut delivery = incoming.into_delivery();
-                delivery.own_deferred();
+                incoming.delivery_mut().own_deferred();
                 let delayed = Fate::Delayed {
-                    delivery,
+                    delivery: incoming,
                     copy: c,
                     settle: plan.settle,
                 };
@@ -70,12 +70,12 @@ pub(crate) async fn handle<S: Service>(shared: &Shared<S>, delivery: Box<Deliver
             reruns += 1;
             if !copy::wait_unless_stopped(&shared.stop, RERUN_FLOOR.delay(reruns)).await {
                 // Stopping: left unsettled, the broker brings it back.
-                return (Fate::HandedBack, Some(incoming.into_delivery()));
+                return (Fate::HandedBack, Some(incoming));
             }
             incoming.count_attempt();
             continue;
         }
-        return (Fate::Settle(settle), Some(incoming.into_delivery()));
+        return (Fate::Settle(settle), Some(incoming));
     }
 }
 

@@ -19,6 +19,7 @@ use std::task::{Context, Poll};
 use ruststream_core::Delivery;
 
 use super::shared::{Done, Fate, Job};
+use crate::extract::{Context as Shared, Incoming};
 use crate::in_flight::InFlight;
 
 /// Deliveries a lane holds beyond the one it runs: small, so a slow handler holds back
@@ -28,7 +29,7 @@ pub(crate) const LANE_QUEUE: usize = 1;
 /// What a lane hands back when a delivery is done with: what it came to (the lanes add
 /// its receipt, which they keep) and, unless a delayed copy keeps it, the box the
 /// delivery came in.
-pub(crate) type Finished = (Fate, Option<Box<Delivery>>);
+pub(crate) type Finished = (Fate, Option<Box<Incoming>>);
 
 pub(crate) struct Lanes<R, F, St> {
     start: St,
@@ -44,11 +45,14 @@ pub(crate) struct Lanes<R, F, St> {
     /// box by the fetch (`Subscription::next_into`, into the one box the driver holds for
     /// it) and travels as a pointer from there to the handler's extractors and back; a
     /// finished delivery's box comes back here, so the steady state allocates nothing. A
-    /// spare box keeps its last delivery (and payload) until reused, so no more are kept
-    /// than the lanes hold at once.
+    /// box holds the registration's shared context beside its delivery for its whole
+    /// life (no reference counted per delivery). A spare box keeps its last delivery (and
+    /// payload) until reused, so no more are kept than the lanes hold at once.
     // The boxes themselves are the point: they are handed out again, not their contents.
     #[allow(clippy::vec_box)]
-    spare: Vec<Box<Delivery>>,
+    spare: Vec<Box<Incoming>>,
+    /// What every box holds beside its delivery.
+    shared: Arc<Shared>,
     spare_cap: usize,
     /// Where the number of running deliveries is published (when metrics are on).
     published: Option<Arc<InFlight>>,
@@ -57,11 +61,17 @@ pub(crate) struct Lanes<R, F, St> {
 impl<R, F, St> Lanes<R, F, St>
 where
     F: Future<Output = Finished>,
-    St: Fn(Box<Delivery>) -> F,
+    St: Fn(Box<Incoming>) -> F,
 {
     /// `count` lanes; `start` turns a delivery into the future that runs it; the number of
-    /// running deliveries is kept in `published`'s `running` when given.
-    pub(crate) fn new(count: usize, published: Option<Arc<InFlight>>, start: St) -> Self {
+    /// running deliveries is kept in `published`'s `running` when given; every box holds
+    /// `shared` beside its delivery.
+    pub(crate) fn new(
+        count: usize,
+        published: Option<Arc<InFlight>>,
+        shared: Arc<Shared>,
+        start: St,
+    ) -> Self {
         Self {
             start,
             running: (0..count).map(|_| Box::pin(None)).collect(),
@@ -74,21 +84,23 @@ where
             spare: Vec::new(),
             // Each lane's queue and running delivery, and one waiting for room.
             spare_cap: count * (LANE_QUEUE + 1) + 1,
+            shared,
             published,
         }
     }
 
     /// A box for the next fetch to write its delivery into: a spare one when there is
     /// one (its last delivery is overwritten there), a new one otherwise.
-    pub(crate) fn slot(&mut self) -> Box<Delivery> {
-        self.spare
-            .pop()
-            .unwrap_or_else(|| Box::new(Delivery::empty()))
+    pub(crate) fn slot(&mut self) -> Box<Incoming> {
+        self.spare.pop().unwrap_or_else(|| {
+            let shared = Arc::clone(&self.shared);
+            Box::new(Incoming::new(Delivery::empty(), shared))
+        })
     }
 
     /// A job for the delivery the fetch wrote into `slot`, which gets the next box.
     #[inline]
-    pub(crate) fn job(&mut self, slot: &mut Box<Delivery>, receipt: R) -> Job<R> {
+    pub(crate) fn job(&mut self, slot: &mut Box<Incoming>, receipt: R) -> Job<R> {
         let next = self.slot();
         Job {
             delivery: std::mem::replace(slot, next),
@@ -194,7 +206,7 @@ where
             && self.spare.len() < self.spare_cap
         {
             // A spare box keeps its payload until reused, not a client's record.
-            spare.discard_deferred();
+            spare.delivery_mut().discard_deferred();
             self.spare.push(spare);
         }
         if let Some(next) = self.queues[lane].pop_front() {
@@ -221,9 +233,11 @@ mod tests {
     use std::task::{Context, Poll, Waker};
 
     use bytes::Bytes;
-    use ruststream_core::{Delivery, HeaderSource, Headers, Settle};
+    use ruststream_core::{HeaderSource, Headers, Settle};
 
     use super::{Finished, Lanes};
+    use crate::extract::{Context as Shared, Incoming};
+    use crate::memory::MemoryBroker;
     use crate::runtime::shared::{Fate, Job};
 
     /// A client's record, as far as its holders go.
@@ -240,11 +254,17 @@ mod tests {
     #[test]
     fn g5_a_finished_deliverys_box_comes_back_without_its_source() {
         let record = Arc::new(());
-        let mut lanes = Lanes::new(1, None, |delivery: Box<Delivery>| async move {
-            (Fate::Settle(Settle::Ack), Some(delivery)) as Finished
+        let shared = Arc::new(Shared {
+            registration: Arc::from("lanes"),
+            state: Arc::default(),
+            publisher: MemoryBroker::new().publisher(),
+        });
+        let mut lanes = Lanes::new(1, None, shared, |incoming: Box<Incoming>| async move {
+            (Fate::Settle(Settle::Ack), Some(incoming)) as Finished
         });
         let mut delivery = lanes.slot();
         delivery
+            .delivery_mut()
             .refill(&Arc::from("orders"), Bytes::from_static(b"{}"))
             .set_headers_from(Record(Arc::clone(&record)));
         assert!(

@@ -5,15 +5,14 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use ruststream_core::{
-    Capabilities, Declaration, Delivery, HandlerOutcome, Plan, PlannedCopy, Publish, Settle,
-    Verdict, plan,
+    Capabilities, Declaration, HandlerOutcome, Plan, PlannedCopy, Publish, Settle, Verdict, plan,
 };
 use tokio::sync::watch;
 
 use super::mount::Observe;
 use super::refusals::Refusals;
 use crate::backoff::Backoff;
-use crate::extract::Context;
+use crate::extract::{Context, Incoming};
 use crate::in_flight::InFlight;
 use crate::ops::{Instruments, SubscriptionHealth};
 use crate::registration::FailurePolicy;
@@ -80,9 +79,9 @@ impl Planned {
     }
 }
 
-/// A delivery handed to a lane (boxed once, then moved as a pointer: see `Board`).
+/// A delivery handed to a lane (boxed once, then moved as a pointer: see `Lanes`).
 pub(crate) struct Job<R> {
-    pub(crate) delivery: Box<Delivery>,
+    pub(crate) delivery: Box<Incoming>,
     pub(crate) receipt: R,
 }
 
@@ -100,7 +99,7 @@ pub(crate) enum Fate {
     /// Publish `copy` after its delay, then settle the original.
     Delayed {
         // Boxed: delayed copies are rare, and the common variant stays small.
-        delivery: Box<Delivery>,
+        delivery: Box<Incoming>,
         copy: PlannedCopy,
         settle: Settle,
     },
