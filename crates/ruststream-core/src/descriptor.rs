@@ -112,6 +112,20 @@ pub trait Subscription: Send + 'static {
         settle: Settle,
     ) -> impl Future<Output = Result<(), AckError>> + Send;
 
+    /// Performs one settlement without a future, when this subscription's settlement
+    /// waits for nothing (Kafka's offset book, the memory broker's queue): the result
+    /// [`settle`](Self::settle) would give. `None` (the default) leaves the receipt with
+    /// the runtime, which then calls `settle`. The runtime asks this first for the
+    /// common case, a settlement right after the handler's first poll.
+    fn settle_now(
+        &mut self,
+        receipt: &Self::Receipt,
+        settle: Settle,
+    ) -> Option<Result<(), AckError>> {
+        let _ = (receipt, settle);
+        None
+    }
+
     /// The delivery is not done at once: its handler did not finish in its first poll,
     /// or it waits for its lane. Called at most once per delivery, before it is settled;
     /// most deliveries are done at once and never come here. What a transport does for

@@ -25,6 +25,12 @@ impl Default for AddressNames {
 impl AddressNames {
     /// The shared name of `name`.
     pub fn get(&mut self, name: &str) -> Arc<str> {
+        Arc::clone(self.shared(name))
+    }
+
+    /// The shared name of `name`, borrowed: no reference counted for a caller that
+    /// only looks at it (or clones it only sometimes).
+    pub fn shared(&mut self, name: &str) -> &Arc<str> {
         if *self.last != *name {
             self.last = match self.known.get(name) {
                 Some(known) => Arc::clone(known),
@@ -35,7 +41,7 @@ impl AddressNames {
                 }
             };
         }
-        Arc::clone(&self.last)
+        &self.last
     }
 }
 

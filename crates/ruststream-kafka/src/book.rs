@@ -65,7 +65,11 @@ impl Book {
 
     #[inline]
     pub(crate) fn slot(&mut self, topic: &Arc<str>, partition: i32) -> usize {
-        let is = |s: &PartitionState| s.partition == partition && *s.topic == **topic;
+        // The topic's name is one shared string per subscription: compared by address
+        // first, by its bytes only when that differs.
+        let is = |s: &PartitionState| {
+            s.partition == partition && (Arc::ptr_eq(&s.topic, topic) || *s.topic == **topic)
+        };
         if self.partitions.get(self.last).is_some_and(is) {
             return self.last;
         }

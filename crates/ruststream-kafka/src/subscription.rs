@@ -165,13 +165,9 @@ impl KafkaSubscription {
         slot: &mut Delivery,
         copy_payload: bool,
     ) -> KafkaReceipt {
-        let named;
         let topic = match &self.only_topic {
             Some(topic) => topic,
-            None => {
-                named = self.topics.get(message.topic());
-                &named
-            }
+            None => self.topics.shared(message.topic()),
         };
         let (partition, offset) = (message.partition(), message.offset());
         let payload = if copy_payload {
@@ -358,6 +354,52 @@ impl KafkaSubscription {
         }
     }
 
+    /// Performs one settlement (none waits for the cluster).
+    #[inline]
+    fn settle_at_once(&mut self, receipt: &KafkaReceipt, settle: Settle) -> Result<(), AckError> {
+        match (self.commit, settle) {
+            (Mode::Auto, Settle::Redeliver) => self.rewind(receipt),
+            (Mode::Auto, _) => Ok(()),
+            (Mode::Transactional, _) => {
+                let position = match settle {
+                    Settle::Ack | Settle::Drop => self.book.settled(receipt),
+                    _ => None,
+                };
+                if let Some(window) = &mut self.window {
+                    window.settled(self.book.topic(receipt), receipt, settle, position);
+                }
+                Ok(())
+            }
+            (Mode::Tracked, Settle::Nothing) => Ok(()),
+            (Mode::Tracked, Settle::Ack | Settle::Drop) => {
+                // Nothing to store when the position did not move, or when the delivery
+                // was read before its partition moved: the partition's next reader
+                // starts from the committed offset anyway (K5).
+                let Some(position) = self.book.settled(receipt) else {
+                    return Ok(());
+                };
+                let Some(consumer) = self.consumer.as_ref() else {
+                    return Ok(());
+                };
+                // The group resumes from the record after the position.
+                let stored = self
+                    .book
+                    .store_list(receipt, position + 1)
+                    .and_then(|list| consumer.store_offsets(list));
+                stored.map_err(|e| {
+                    let topic = self.book.topic(receipt);
+                    AckError::Failed(Cause::context(
+                        format!("storing offset {position} of {topic}/{}", receipt.partition),
+                        e,
+                    ))
+                })
+            }
+            (Mode::Tracked, other) => Err(AckError::failed(format!(
+                "{other:?} has no meaning on Kafka"
+            ))),
+        }
+    }
+
     /// The stored position of a partition (`Commit::Tracked`), for tests and metrics.
     pub fn stored_position(&self, topic: &str, partition: i32) -> Option<i64> {
         self.book.stored(topic, partition)
@@ -459,47 +501,16 @@ impl Subscription for KafkaSubscription {
     }
 
     async fn settle(&mut self, receipt: KafkaReceipt, settle: Settle) -> Result<(), AckError> {
-        match (self.commit, settle) {
-            (Mode::Auto, Settle::Redeliver) => self.rewind(&receipt),
-            (Mode::Auto, _) => Ok(()),
-            (Mode::Transactional, _) => {
-                let position = match settle {
-                    Settle::Ack | Settle::Drop => self.book.settled(&receipt),
-                    _ => None,
-                };
-                if let Some(window) = &mut self.window {
-                    window.settled(self.book.topic(&receipt), &receipt, settle, position);
-                }
-                Ok(())
-            }
-            (Mode::Tracked, Settle::Nothing) => Ok(()),
-            (Mode::Tracked, Settle::Ack | Settle::Drop) => {
-                // Nothing to store when the position did not move, or when the delivery
-                // was read before its partition moved: the partition's next reader
-                // starts from the committed offset anyway (K5).
-                let Some(position) = self.book.settled(&receipt) else {
-                    return Ok(());
-                };
-                let Some(consumer) = self.consumer.as_ref() else {
-                    return Ok(());
-                };
-                // The group resumes from the record after the position.
-                let stored = self
-                    .book
-                    .store_list(&receipt, position + 1)
-                    .and_then(|list| consumer.store_offsets(list));
-                stored.map_err(|e| {
-                    let topic = self.book.topic(&receipt);
-                    AckError::Failed(Cause::context(
-                        format!("storing offset {position} of {topic}/{}", receipt.partition),
-                        e,
-                    ))
-                })
-            }
-            (Mode::Tracked, other) => Err(AckError::failed(format!(
-                "{other:?} has no meaning on Kafka"
-            ))),
-        }
+        self.settle_at_once(&receipt, settle)
+    }
+
+    /// Nothing in a Kafka settlement waits: the offset book, a stored offset, the window.
+    fn settle_now(
+        &mut self,
+        receipt: &KafkaReceipt,
+        settle: Settle,
+    ) -> Option<Result<(), AckError>> {
+        Some(self.settle_at_once(receipt, settle))
     }
 
     async fn idle(&mut self) {

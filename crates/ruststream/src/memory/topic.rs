@@ -111,6 +111,31 @@ pub struct MemorySubscription {
     runtime_retries: bool,
 }
 
+impl MemorySubscription {
+    /// Settles `tag` on the group's queue (nothing here waits).
+    fn settle_at_once(&mut self, tag: u64, settle: Settle) -> Result<(), AckError> {
+        let known = match settle {
+            Settle::Nothing => true,
+            Settle::Ack | Settle::Drop => self.group.remove(tag),
+            Settle::Redeliver => self.group.requeue(tag),
+            Settle::RedeliverAfter(delay) => self.group.requeue_after(tag, delay),
+            Settle::DeadLetter => {
+                return Err(AckError::Unsupported {
+                    verb: "dead letter",
+                });
+            }
+        };
+        if known {
+            Ok(())
+        } else {
+            Err(AckError::failed(format!(
+                "delivery {tag} is not outstanding on `{}`",
+                self.address
+            )))
+        }
+    }
+}
+
 impl Subscription for MemorySubscription {
     type Receipt = u64;
 
@@ -134,25 +159,12 @@ impl Subscription for MemorySubscription {
     }
 
     async fn settle(&mut self, tag: u64, settle: Settle) -> Result<(), AckError> {
-        let known = match settle {
-            Settle::Nothing => true,
-            Settle::Ack | Settle::Drop => self.group.remove(tag),
-            Settle::Redeliver => self.group.requeue(tag),
-            Settle::RedeliverAfter(delay) => self.group.requeue_after(tag, delay),
-            Settle::DeadLetter => {
-                return Err(AckError::Unsupported {
-                    verb: "dead letter",
-                });
-            }
-        };
-        if known {
-            Ok(())
-        } else {
-            Err(AckError::failed(format!(
-                "delivery {tag} is not outstanding on `{}`",
-                self.address
-            )))
-        }
+        self.settle_at_once(tag, settle)
+    }
+
+    /// The queue's settlement waits for nothing.
+    fn settle_now(&mut self, tag: &u64, settle: Settle) -> Option<Result<(), AckError>> {
+        Some(self.settle_at_once(*tag, settle))
     }
 
     async fn close(self) {

@@ -220,10 +220,15 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
         match fate {
             // Nothing to settle (a Core NATS delivery, an original whose copy went out).
             Fate::Settle(Settle::Nothing) => shared.end(),
-            // The common case, taken apart here.
+            // The common case, taken apart here (without a future when the subscription
+            // settles at once).
             Fate::Settle(settle) => {
                 let errors = &mut settle_errors;
-                settle_one(&mut subscription, &shared, receipt, settle, errors).await;
+                if let Some(result) = subscription.settle_now(&receipt, settle) {
+                    settled(result, errors, &shared, settle);
+                } else {
+                    settle_one(&mut subscription, &shared, receipt, settle, errors).await;
+                }
             }
             fate => {
                 let errors = &mut settle_errors;
@@ -574,13 +579,27 @@ async fn settle_one<Sub: Subscription, S>(
     settle: Settle,
     settle_errors: &mut ErrorRun,
 ) {
-    if settle != Settle::Nothing {
-        match subscription.settle(receipt, settle).await {
-            Ok(()) => {
-                settle_errors.succeeded();
-            }
-            Err(error) => settle_failed(settle_errors, shared, settle, &error),
+    if settle == Settle::Nothing {
+        shared.end();
+    } else {
+        let result = subscription.settle(receipt, settle).await;
+        settled(result, settle_errors, shared, settle);
+    }
+}
+
+/// A settlement done: its failure told, and the delivery counted out of flight.
+#[inline(always)]
+fn settled<S>(
+    result: Result<(), AckError>,
+    settle_errors: &mut ErrorRun,
+    shared: &Shared<S>,
+    settle: Settle,
+) {
+    match result {
+        Ok(()) => {
+            settle_errors.succeeded();
         }
+        Err(error) => settle_failed(settle_errors, shared, settle, &error),
     }
     shared.end();
 }
