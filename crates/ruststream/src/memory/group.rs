@@ -78,18 +78,38 @@ impl Unacked {
     }
 
     fn remove(&mut self, tag: u64) -> Option<Held> {
+        let index = self.held_at(tag)?;
+        let held = self.slots[index as usize].held.take();
+        self.vacate(index);
+        held
+    }
+
+    /// Like `remove`, for an entry done with for good: dropped where it lies, not moved
+    /// out first (it is some 120 bytes).
+    fn discard(&mut self, tag: u64) -> bool {
+        let Some(index) = self.held_at(tag) else {
+            return false;
+        };
+        self.slots[index as usize].held = None;
+        self.vacate(index);
+        true
+    }
+
+    /// The slot `tag` names, if it holds the entry the tag was given for.
+    fn held_at(&self, tag: u64) -> Option<u32> {
         // The tag's halves: generation above, slot index below.
         #[allow(clippy::cast_possible_truncation)]
         let (generation, index) = ((tag >> 32) as u32, tag as u32);
-        let slot = self.slots.get_mut(index as usize)?;
-        if slot.generation != generation {
-            return None;
-        }
-        let held = slot.held.take()?;
+        let slot = self.slots.get(index as usize)?;
+        (slot.generation == generation && slot.held.is_some()).then_some(index)
+    }
+
+    /// A slot emptied: a later tag for it is stale.
+    fn vacate(&mut self, index: u32) {
+        let slot = &mut self.slots[index as usize];
         slot.generation = slot.generation.wrapping_add(1);
         self.free.push(index);
         self.len -= 1;
-        Some(held)
     }
 
     /// The tags a consumer holds.
@@ -241,7 +261,7 @@ impl Group {
     /// Done with `tag` for good.
     pub(crate) fn remove(&self, tag: u64) -> bool {
         let mut q = self.lock();
-        let removed = q.unacked.remove(tag).is_some();
+        let removed = q.unacked.discard(tag);
         let waiting = q.waiting_publishers > 0;
         drop(q);
         if waiting {
