@@ -538,7 +538,7 @@ where
     }
     shared.begin();
     let lane = pick_lane(
-        job.delivery.delivery(),
+        job.incoming.delivery(),
         &picker.lanes,
         &mut picker.round_robin,
     );
@@ -618,7 +618,7 @@ async fn apply<Sub: Subscription, S: Service>(
         }
         Fate::HandedBack => shared.end(),
         Fate::Delayed {
-            delivery,
+            incoming,
             copy,
             settle,
         } => {
@@ -645,11 +645,11 @@ async fn apply<Sub: Subscription, S: Service>(
                 if stopped {
                     tracing::warn!(
                         registration = &*shared.registration,
-                        address = delivery.delivery().address(),
+                        address = incoming.delivery().address(),
                         "stopping: publishing a delayed retry copy before its time so it is not lost"
                     );
                 }
-                let settle = copy::deliver(&shared, delivery.delivery(), copy, settle).await;
+                let settle = copy::deliver(&shared, incoming.delivery(), copy, settle).await;
                 let fate = Fate::Settle(settle);
                 Done { receipt, fate }
             });

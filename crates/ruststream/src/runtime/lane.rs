@@ -56,7 +56,7 @@ pub(crate) async fn handle<S: Service>(
                 // Kept for the delay: its headers read now, the client's record let go.
                 incoming.delivery_mut().own_deferred();
                 let delayed = Fate::Delayed {
-                    delivery: incoming,
+                    incoming,
                     copy: c,
                     settle: plan.settle,
                 };

@@ -19,7 +19,7 @@ use std::task::{Context, Poll};
 use ruststream_core::Delivery;
 
 use super::shared::{Done, Fate, Job};
-use crate::extract::{Context as Shared, Incoming};
+use crate::extract::{Context as CallContext, Incoming};
 use crate::in_flight::InFlight;
 
 /// Deliveries a lane holds beyond the one it runs: small, so a slow handler holds back
@@ -52,7 +52,7 @@ pub(crate) struct Lanes<R, F, St> {
     #[allow(clippy::vec_box)]
     spare: Vec<Box<Incoming>>,
     /// What every box holds beside its delivery.
-    shared: Arc<Shared>,
+    context: Arc<CallContext>,
     spare_cap: usize,
     /// Where the number of running deliveries is published (when metrics are on).
     published: Option<Arc<InFlight>>,
@@ -65,11 +65,11 @@ where
 {
     /// `count` lanes; `start` turns a delivery into the future that runs it; the number of
     /// running deliveries is kept in `published`'s `running` when given; every box holds
-    /// `shared` beside its delivery.
+    /// `context` beside its delivery.
     pub(crate) fn new(
         count: usize,
         published: Option<Arc<InFlight>>,
-        shared: Arc<Shared>,
+        context: Arc<CallContext>,
         start: St,
     ) -> Self {
         Self {
@@ -84,7 +84,7 @@ where
             spare: Vec::new(),
             // Each lane's queue and running delivery, and one waiting for room.
             spare_cap: count * (LANE_QUEUE + 1) + 1,
-            shared,
+            context,
             published,
         }
     }
@@ -93,8 +93,8 @@ where
     /// one (its last delivery is overwritten there), a new one otherwise.
     pub(crate) fn slot(&mut self) -> Box<Incoming> {
         self.spare.pop().unwrap_or_else(|| {
-            let shared = Arc::clone(&self.shared);
-            Box::new(Incoming::new(Delivery::empty(), shared))
+            let context = Arc::clone(&self.context);
+            Box::new(Incoming::new(Delivery::empty(), context))
         })
     }
 
@@ -103,7 +103,7 @@ where
     pub(crate) fn job(&mut self, slot: &mut Box<Incoming>, receipt: R) -> Job<R> {
         let next = self.slot();
         Job {
-            delivery: std::mem::replace(slot, next),
+            incoming: std::mem::replace(slot, next),
             receipt,
         }
     }
@@ -160,7 +160,7 @@ where
     #[inline]
     fn start(&mut self, lane: usize, job: Job<R>) {
         self.receipts[lane] = Some(job.receipt);
-        self.running[lane].set(Some((self.start)(job.delivery)));
+        self.running[lane].set(Some((self.start)(job.incoming)));
         self.busy += 1;
         self.publish();
     }
@@ -236,7 +236,7 @@ mod tests {
     use ruststream_core::{HeaderSource, Headers, Settle};
 
     use super::{Finished, Lanes};
-    use crate::extract::{Context as Shared, Incoming};
+    use crate::extract::{Context as CallContext, Incoming};
     use crate::memory::MemoryBroker;
     use crate::runtime::shared::{Fate, Job};
 
@@ -254,16 +254,16 @@ mod tests {
     #[test]
     fn g5_a_finished_deliverys_box_comes_back_without_its_source() {
         let record = Arc::new(());
-        let shared = Arc::new(Shared {
+        let context = Arc::new(CallContext {
             registration: Arc::from("lanes"),
             state: Arc::default(),
             publisher: MemoryBroker::new().publisher(),
         });
-        let mut lanes = Lanes::new(1, None, shared, |incoming: Box<Incoming>| async move {
+        let mut lanes = Lanes::new(1, None, context, |incoming: Box<Incoming>| async move {
             (Fate::Settle(Settle::Ack), Some(incoming)) as Finished
         });
-        let mut delivery = lanes.slot();
-        delivery
+        let mut incoming = lanes.slot();
+        incoming
             .delivery_mut()
             .refill(&Arc::from("orders"), Bytes::from_static(b"{}"))
             .set_headers_from(Record(Arc::clone(&record)));
@@ -272,7 +272,7 @@ mod tests {
                 .offer(
                     0,
                     Job {
-                        delivery,
+                        incoming,
                         receipt: 7_u64
                     }
                 )

@@ -81,7 +81,7 @@ impl Planned {
 
 /// A delivery handed to a lane (boxed once, then moved as a pointer: see `Lanes`).
 pub(crate) struct Job<R> {
-    pub(crate) delivery: Box<Incoming>,
+    pub(crate) incoming: Box<Incoming>,
     pub(crate) receipt: R,
 }
 
@@ -99,7 +99,7 @@ pub(crate) enum Fate {
     /// Publish `copy` after its delay, then settle the original.
     Delayed {
         // Boxed: delayed copies are rare, and the common variant stays small.
-        delivery: Box<Incoming>,
+        incoming: Box<Incoming>,
         copy: PlannedCopy,
         settle: Settle,
     },
