@@ -138,7 +138,7 @@ enum Event<R> {
 }
 
 pub(crate) async fn drive<Sub: Subscription, S: Service>(
-    mut subscription: Sub,
+    subscription: Sub,
     shared: Arc<Shared<S>>,
     lanes: Lanes,
     stop: watch::Receiver<bool>,
@@ -156,90 +156,231 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
     let mut set = LaneSet::new(lanes.count, running, context, move |incoming| {
         lane::handle(shared_ref, incoming)
     });
-    let mut timers = Timed::new();
-    let mut pending: Waiting<Sub::Receipt> = None;
-    let mut picker = Picker {
-        lanes,
-        round_robin: 0,
+    let slot = set.slot();
+    let mut d = Driver {
+        subscription,
+        shared: &shared,
+        set,
+        pending: None,
+        picker: Picker {
+            lanes,
+            round_robin: 0,
+        },
+        stop: StopSignal::new(stop),
+        at_bound: false,
+        fetch_errors: ErrorRun::default(),
+        settle_errors: ErrorRun::default(),
+        slot,
     };
-    let mut stop = StopSignal::new(stop);
-    let mut at_bound = false;
-    let mut fetch_errors = ErrorRun::default();
-    let mut settle_errors = ErrorRun::default();
-    // The box the next fetch writes its delivery into.
-    let mut slot = set.slot();
+    let mut timers = Timed::new();
     loop {
-        let room = fetch_room(&subscription, &shared, &mut at_bound);
-        // The common case is a straight line: a delivery fetched, started on its lane,
-        // finished in its first poll, settled; no select, no queue shared with anyone.
-        let fetch = Fetch {
-            subscription: &mut subscription,
-            slot: slot.delivery_mut(),
-            room,
-            waiting: pending.is_some(),
-        };
-        let done = match fetch.or_else(&mut set, &mut timers.set, &mut stop).await {
-            Event::Finished(done) => {
-                set.start_waiting(&mut pending);
-                done
-            }
-            Event::Timer(done) => done,
-            Event::Stop => break,
-            Event::Idle => continue,
-            Event::Fetched(receipt) => {
-                if fetch_errors.succeeded() {
-                    shared.health.fetch_failed(false);
-                }
-                let job = set.job(&mut slot, receipt);
-                let (lane, started);
-                (lane, started, pending) =
-                    accept(&shared, &mut subscription, &mut set, &mut picker, job);
-                // Most handlers finish in their first poll: settled in this same pass.
-                let Poll::Ready(done) = poll_fn(|cx| Poll::Ready(set.poll_lane(lane, cx))).await
-                else {
-                    // The one just started runs on (one that waits was told in `accept`).
-                    if started && let Some(receipt) = set.receipt(lane) {
-                        subscription.running_on(receipt);
-                    }
-                    continue;
-                };
-                set.start_waiting(&mut pending);
-                done
-            }
-            Event::FetchFailed(error) => {
-                fetch_failed(&mut fetch_errors, &shared, &error);
-                tokio::time::sleep(ERROR_PAUSE).await;
+        // The common case first, within this one poll: deliveries fetched at once, run,
+        // finished and settled, one after another, while nothing else goes on.
+        let timers_idle = timers.set.is_empty();
+        let done = match poll_fn(|cx| d.pump(cx, timers_idle)).await {
+            Pumped::Pass => None,
+            Pumped::Done(done) => Some(done),
+            Pumped::Stop => break,
+            Pumped::Failed(error) => {
+                d.fetch_failed(&error).await;
                 continue;
             }
-            Event::Ended => {
+            Pumped::Ended => {
                 note_ended(&shared);
                 break;
             }
         };
-        let Done { receipt, fate } = done;
-        match fate {
-            // Nothing to settle (a Core NATS delivery, an original whose copy went out).
-            Fate::Settle(Settle::Nothing) => shared.end(),
-            // The common case, taken apart here (without a future when the subscription
-            // settles at once).
-            Fate::Settle(settle) => {
-                let errors = &mut settle_errors;
-                if let Some(result) = subscription.settle_now(&receipt, settle) {
-                    settled(result, errors, &shared, settle);
-                } else {
-                    settle_one(&mut subscription, &shared, receipt, settle, errors).await;
+        let done = match done {
+            Some(done) => done,
+            None => {
+                // A full pass: whatever comes first of a lane finishing, a timer, the
+                // stop signal and the fetch (which waits here when nothing is there).
+                let room = fetch_room(&d.subscription, &shared, &mut d.at_bound);
+                let fetch = Fetch {
+                    subscription: &mut d.subscription,
+                    slot: d.slot.delivery_mut(),
+                    room,
+                    waiting: d.pending.is_some(),
+                };
+                match fetch.or_else(&mut d.set, &mut timers.set, &mut d.stop).await {
+                    Event::Finished(done) => {
+                        d.set.start_waiting(&mut d.pending);
+                        done
+                    }
+                    Event::Timer(done) => done,
+                    Event::Stop => break,
+                    Event::Idle => continue,
+                    Event::Fetched(receipt) => {
+                        let Some(done) = with_context(|cx| d.fetched(receipt, cx)).await else {
+                            continue;
+                        };
+                        done
+                    }
+                    Event::FetchFailed(error) => {
+                        d.fetch_failed(&error).await;
+                        continue;
+                    }
+                    Event::Ended => {
+                        note_ended(&shared);
+                        break;
+                    }
                 }
             }
-            fate => {
-                let errors = &mut settle_errors;
-                let timers = &mut timers;
-                apply(&mut subscription, &shared, receipt, fate, timers, errors).await;
-            }
+        };
+        if let Some(Done { receipt, fate }) = d.settle_at_once(done) {
+            let (errors, timers) = (&mut d.settle_errors, &mut timers);
+            apply(&mut d.subscription, &shared, receipt, fate, timers, errors).await;
         }
     }
 
     shared.health.ended();
+    let Driver {
+        subscription,
+        set,
+        pending,
+        ..
+    } = d;
     close_within(subscription, &shared, set, pending, timers, deadlines).await;
+}
+
+/// What the common case stopped at.
+enum Pumped<R> {
+    /// Something the common case does not cover (a lane still running, a delivery
+    /// waiting for its lane, a timer, the bound, nothing fetched at once): a full pass.
+    Pass,
+    /// A delivery done whose settlement waits, or that is not a plain settlement.
+    Done(Done<R>),
+    Stop,
+    Failed(SubscribeError),
+    Ended,
+}
+
+/// The driver's state, apart from the delayed copies' timers.
+struct Driver<'s, Sub: Subscription, S, F, St> {
+    subscription: Sub,
+    shared: &'s Shared<S>,
+    set: LaneSet<Sub::Receipt, F, St>,
+    /// A fetched delivery waiting for room on its lane.
+    pending: Waiting<Sub::Receipt>,
+    picker: Picker,
+    stop: StopSignal,
+    at_bound: bool,
+    fetch_errors: ErrorRun,
+    settle_errors: ErrorRun,
+    /// The box the next fetch writes its delivery into.
+    slot: Box<Incoming>,
+}
+
+impl<Sub, S, F, St> Driver<'_, Sub, S, F, St>
+where
+    Sub: Subscription,
+    F: Future<Output = Finished>,
+    St: Fn(Box<Incoming>) -> F,
+{
+    /// The common case as a straight line, without leaving the driver's poll: while no
+    /// lane runs, no delivery waits for one and no timer is set, a delivery the fetch has
+    /// at once is started and, when its handler finishes in its first poll and its
+    /// settlement waits for nothing, settled; then the next. Anything else, a fetch that
+    /// would wait included, is left to a full pass (the fetch is dropped unfinished, as a
+    /// full pass drops one when something else comes first, and asked again there).
+    #[inline(always)]
+    fn pump(&mut self, cx: &mut Context<'_>, timers_idle: bool) -> Poll<Pumped<Sub::Receipt>> {
+        loop {
+            if !timers_idle || self.pending.is_some() || !self.set.is_idle() {
+                return Poll::Ready(Pumped::Pass);
+            }
+            if !fetch_room(&self.subscription, self.shared, &mut self.at_bound) {
+                return Poll::Ready(Pumped::Pass);
+            }
+            if self.stop.changed_to_stop(cx) {
+                return Poll::Ready(Pumped::Stop);
+            }
+            // The cooperative budget, as in a full pass (see `poll_event`).
+            let Poll::Ready(budget) = tokio::task::coop::poll_proceed(cx) else {
+                return Poll::Pending;
+            };
+            let fetched = {
+                let fetch = self.subscription.next_into(self.slot.delivery_mut());
+                pin!(fetch).poll(cx)
+            };
+            let Poll::Ready(fetched) = fetched else {
+                return Poll::Ready(Pumped::Pass);
+            };
+            budget.made_progress();
+            let receipt = match fetched {
+                Some(Ok(receipt)) => receipt,
+                Some(Err(error)) => return Poll::Ready(Pumped::Failed(error)),
+                None => return Poll::Ready(Pumped::Ended),
+            };
+            let Some(done) = self.fetched(receipt, cx) else {
+                return Poll::Ready(Pumped::Pass);
+            };
+            if let Some(done) = self.settle_at_once(done) {
+                return Poll::Ready(Pumped::Done(done));
+            }
+        }
+    }
+
+    /// The delivery the fetch wrote into the slot, started on its lane (or queued, or
+    /// kept waiting) and its lane polled once: what it came to when done at once.
+    #[inline(always)]
+    fn fetched(&mut self, receipt: Sub::Receipt, cx: &mut Context<'_>) -> Option<Done<Sub::Receipt>> {
+        if self.fetch_errors.succeeded() {
+            self.shared.health.fetch_failed(false);
+        }
+        let job = self.set.job(&mut self.slot, receipt);
+        let (lane, started);
+        (lane, started, self.pending) = accept(
+            self.shared,
+            &mut self.subscription,
+            &mut self.set,
+            &mut self.picker,
+            job,
+        );
+        // Most handlers finish in their first poll: settled in this same pass.
+        let Poll::Ready(done) = self.set.poll_lane(lane, cx) else {
+            // The one just started runs on (one that waits was told in `accept`).
+            if started && let Some(receipt) = self.set.receipt(lane) {
+                self.subscription.running_on(receipt);
+            }
+            return None;
+        };
+        self.set.start_waiting(&mut self.pending);
+        Some(done)
+    }
+
+    /// Settles `done` when that waits for nothing (the common case: a settlement the
+    /// subscription makes at once, or nothing to settle); hands it back otherwise.
+    #[inline(always)]
+    fn settle_at_once(&mut self, done: Done<Sub::Receipt>) -> Option<Done<Sub::Receipt>> {
+        let Done { receipt, fate } = done;
+        match fate {
+            // Nothing to settle (a Core NATS delivery, an original whose copy went out).
+            Fate::Settle(Settle::Nothing) => self.shared.end(),
+            Fate::Settle(settle) => match self.subscription.settle_now(&receipt, settle) {
+                Some(result) => settled(result, &mut self.settle_errors, self.shared, settle),
+                None => {
+                    let fate = Fate::Settle(settle);
+                    return Some(Done { receipt, fate });
+                }
+            },
+            fate => return Some(Done { receipt, fate }),
+        }
+        None
+    }
+
+    /// A fetch failed: told, and the next one after a pause.
+    #[cold]
+    async fn fetch_failed(&mut self, error: &SubscribeError) {
+        fetch_failed(&mut self.fetch_errors, self.shared, error);
+        tokio::time::sleep(ERROR_PAUSE).await;
+    }
+}
+
+/// A future ready in its first poll with what `f` makes of that poll's context.
+fn with_context<T>(f: impl FnOnce(&mut Context<'_>) -> T) -> impl Future<Output = T> {
+    let mut f = Some(f);
+    poll_fn(move |cx| Poll::Ready(f.take().expect("polled once")(cx)))
 }
 
 /// Stop: fetch nothing more; let the lanes finish what they hold, within the drain
