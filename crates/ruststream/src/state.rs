@@ -16,6 +16,8 @@ pub struct StateMap {
 #[derive(Clone)]
 struct Entry {
     id: TypeId,
+    /// An `Arc<T>` for the entry's `T`: a lookup clones the `Arc` it finds, with no
+    /// second check of the type than `downcast_ref`'s.
     value: Arc<dyn Any + Send + Sync>,
     name: &'static str,
 }
@@ -24,7 +26,7 @@ impl StateMap {
     pub(crate) fn insert<T: Send + Sync + 'static>(&mut self, value: T) {
         let entry = Entry {
             id: TypeId::of::<T>(),
-            value: Arc::new(value),
+            value: Arc::new(Arc::new(value)),
             name: type_name::<T>(),
         };
         match self.values.iter_mut().find(|e| e.id == entry.id) {
@@ -40,7 +42,7 @@ impl StateMap {
 
     /// The value of type `T`, if the app has one.
     pub fn get<T: Send + Sync + 'static>(&self) -> Option<Arc<T>> {
-        Arc::clone(&self.find::<T>()?.value).downcast::<T>().ok()
+        self.find::<T>()?.value.downcast_ref::<Arc<T>>().cloned()
     }
 
     /// True when the app has a value of type `T`.

@@ -131,6 +131,43 @@ impl Unacked {
     }
 }
 
+/// Which count a waiter is in.
+#[derive(Clone, Copy)]
+enum Side {
+    Publisher,
+    Consumer,
+}
+
+/// A publisher waiting for room, or a consumer for an entry, counted as such (so a wake-up
+/// is given only when someone waits) until it is done waiting or dropped while it waits.
+struct Waiter<'g> {
+    group: &'g Group,
+    side: Side,
+}
+
+impl<'g> Waiter<'g> {
+    /// Counts a waiter, under the lock that saw there was nothing for it.
+    fn count(group: &'g Group, mut q: MutexGuard<'_, Queues>, side: Side) -> Self {
+        *q.waiting(side) += 1;
+        Self { group, side }
+    }
+}
+
+impl Drop for Waiter<'_> {
+    fn drop(&mut self) {
+        *self.group.lock().waiting(self.side) -= 1;
+    }
+}
+
+impl Queues {
+    fn waiting(&mut self, side: Side) -> &mut usize {
+        match side {
+            Side::Publisher => &mut self.waiting_publishers,
+            Side::Consumer => &mut self.waiting_consumers,
+        }
+    }
+}
+
 /// A group: consumers of the group compete for its entries.
 #[derive(Debug)]
 pub(crate) struct Group {
@@ -184,14 +221,10 @@ impl Group {
 
     /// Adds a message, waiting while the group holds `capacity` entries (back-pressure).
     pub(crate) async fn push(&self, message: Stored) {
-        let mut waited = false;
         loop {
             let room = self.room.notified();
-            {
+            let waiting = {
                 let mut q = self.lock();
-                if waited {
-                    q.waiting_publishers -= 1;
-                }
                 if q.ready.len() + q.unacked.len() + q.delayed < self.capacity {
                     q.ready.push_back(Entry {
                         message,
@@ -201,13 +234,11 @@ impl Group {
                     self.ready.notify_one();
                     return;
                 }
-                // Counted under the lock, so an ack after it sees this publisher. (A
-                // publish dropped while waiting leaves the count high: acks then wake
-                // nobody for nothing, which is harmless.)
-                q.waiting_publishers += 1;
-                waited = true;
-            }
+                // Counted under the lock, so an ack after it sees this publisher.
+                Waiter::count(self, q, Side::Publisher)
+            };
             room.await;
+            drop(waiting);
         }
     }
 
@@ -221,15 +252,11 @@ impl Group {
     }
 
     /// Takes the next ready entry, waiting for one. Cancel safe: nothing is taken until
-    /// the lock is held.
+    /// the lock is held, and a pop dropped while it waits is no longer counted waiting.
     pub(crate) async fn pop(&self, consumer: u32) -> (u64, Stored, u32) {
-        let mut waited = false;
         loop {
-            {
+            let waiting = {
                 let mut q = self.lock();
-                if waited {
-                    q.waiting_consumers -= 1;
-                }
                 if let Some(mut entry) = q.ready.pop_front() {
                     entry.delivered += 1;
                     q.delivered += 1;
@@ -248,13 +275,13 @@ impl Group {
                     }
                     return (tag, out.0, out.1);
                 }
-                q.waiting_consumers += 1;
-                waited = true;
-            }
+                Waiter::count(self, q, Side::Consumer)
+            };
             // Made only when the queue was empty. Every wake-up here is a `notify_one`,
             // which leaves a permit when nobody waits yet, so one given between the
             // check above and this wait is not lost.
             self.ready.notified().await;
+            drop(waiting);
         }
     }
 
@@ -328,5 +355,57 @@ impl Group {
     pub(crate) fn depth(&self) -> usize {
         let q = self.lock();
         q.ready.len() + q.unacked.len() + q.delayed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::Future;
+    use std::pin::pin;
+    use std::task::{Context, Poll, Waker};
+
+    use bytes::Bytes;
+
+    use super::{Group, Stored};
+
+    fn stored(sequence: u64) -> Stored {
+        Stored {
+            payload: Bytes::from_static(b"{}"),
+            headers: ruststream_core::Headers::new(),
+            key: None,
+            sequence,
+        }
+    }
+
+    /// A fetch given up while it waits (the driver drops one whenever something else
+    /// comes first) is no longer counted waiting, so later pops and acks do not wake
+    /// anyone for nothing; the next pop still gets the next entry.
+    #[test]
+    fn a_pop_or_push_dropped_while_waiting_is_no_longer_counted() {
+        let group = Group::new(1);
+        let mut cx = Context::from_waker(Waker::noop());
+        for _ in 0..3 {
+            let mut pop = pin!(group.pop(0));
+            assert!(pop.as_mut().poll(&mut cx).is_pending());
+            assert_eq!(group.lock().waiting_consumers, 1);
+        }
+        assert_eq!(group.lock().waiting_consumers, 0);
+
+        assert!(group.try_push(&stored(1)));
+        for _ in 0..3 {
+            let mut push = pin!(group.push(stored(2)));
+            assert!(
+                push.as_mut().poll(&mut cx).is_pending(),
+                "the group is full"
+            );
+            assert_eq!(group.lock().waiting_publishers, 1);
+        }
+        assert_eq!(group.lock().waiting_publishers, 0);
+
+        let mut pop = pin!(group.pop(0));
+        let Poll::Ready((_, message, delivered)) = pop.as_mut().poll(&mut cx) else {
+            panic!("an entry is ready");
+        };
+        assert_eq!((message.sequence, delivered), (1, 1));
     }
 }

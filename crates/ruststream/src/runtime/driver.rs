@@ -202,7 +202,10 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
                     room,
                     waiting: d.pending.is_some(),
                 };
-                match fetch.or_else(&mut d.set, &mut timers.set, &mut d.stop).await {
+                match fetch
+                    .or_else(&mut d.set, &mut timers.set, &mut d.stop)
+                    .await
+                {
                     Event::Finished(done) => {
                         d.set.start_waiting(&mut d.pending);
                         done
@@ -324,7 +327,11 @@ where
     /// The delivery the fetch wrote into the slot, started on its lane (or queued, or
     /// kept waiting) and its lane polled once: what it came to when done at once.
     #[inline(always)]
-    fn fetched(&mut self, receipt: Sub::Receipt, cx: &mut Context<'_>) -> Option<Done<Sub::Receipt>> {
+    fn fetched(
+        &mut self,
+        receipt: Sub::Receipt,
+        cx: &mut Context<'_>,
+    ) -> Option<Done<Sub::Receipt>> {
         if self.fetch_errors.succeeded() {
             self.shared.health.fetch_failed(false);
         }
