@@ -465,27 +465,8 @@ impl Subscription for KafkaSubscription {
         &mut self,
         slot: &mut Delivery,
     ) -> Option<Result<KafkaReceipt, SubscribeError>> {
-        let consumer = Arc::clone(self.consumer.as_ref()?);
-        if let Some((delivery, receipt)) = self.early.pop_front() {
-            *slot = delivery;
-            return Some(Ok(receipt));
-        }
-        self.resume(&consumer);
-        if self.window.is_none() {
-            // The common case, without entering `poll`: a record already in the client's
-            // queue, taken whole (the handle cloned above becomes the record's).
-            self.book.forget_moved_partitions();
-            match Record::try_new(consumer, record_now) {
-                Ok(record) => {
-                    // Polling may have run a rebalance: forgotten before it is booked.
-                    self.book.forget_moved_partitions();
-                    return Some(Ok(self.held_over(record, slot)));
-                }
-                Err(NotNow::Failed(e)) => {
-                    return Some(Err(SubscribeError::new(&*self.address, e)));
-                }
-                Err(NotNow::Empty) => {}
-            }
+        if let Poll::Ready(next) = self.next_now(slot) {
+            return next;
         }
         let consumer = Arc::clone(self.consumer.as_ref()?);
         loop {
@@ -497,6 +478,40 @@ impl Subscription for KafkaSubscription {
                 Polled::Due => continue,
                 Polled::Fenced => None,
             };
+        }
+    }
+
+    /// A record held early, or one already in the client's queue, taken whole (without
+    /// entering `poll`); an exactly-once window always goes through `next_into`'s poll,
+    /// which keeps its commit on time.
+    fn next_now(
+        &mut self,
+        slot: &mut Delivery,
+    ) -> Poll<Option<Result<KafkaReceipt, SubscribeError>>> {
+        let Some(consumer) = self.consumer.as_ref() else {
+            return Poll::Ready(None);
+        };
+        let consumer = Arc::clone(consumer);
+        if let Some((delivery, receipt)) = self.early.pop_front() {
+            *slot = delivery;
+            return Poll::Ready(Some(Ok(receipt)));
+        }
+        self.resume(&consumer);
+        if self.window.is_some() {
+            return Poll::Pending;
+        }
+        // The handle cloned above becomes the record's.
+        self.book.forget_moved_partitions();
+        match Record::try_new(consumer, record_now) {
+            Ok(record) => {
+                // Polling may have run a rebalance: forgotten before it is booked.
+                self.book.forget_moved_partitions();
+                Poll::Ready(Some(Ok(self.held_over(record, slot))))
+            }
+            Err(NotNow::Failed(e)) => {
+                Poll::Ready(Some(Err(SubscribeError::new(&*self.address, e))))
+            }
+            Err(NotNow::Empty) => Poll::Pending,
         }
     }
 

@@ -1,6 +1,7 @@
 //! Core NATS subscriptions: at-most-once, nothing to settle (SPEC N2, N3).
 
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 
 use async_nats::{Client, Subscriber};
 use futures_util::StreamExt;
@@ -217,6 +218,32 @@ pub struct CoreSubscription {
     drops: Option<(u64, Arc<SlowConsumers>)>,
 }
 
+impl CoreSubscription {
+    /// Writes a message from the client into `slot`.
+    #[inline]
+    fn fill(&mut self, message: async_nats::Message, slot: &mut Delivery) {
+        if *self.last_subject != *message.subject.as_str() {
+            self.last_subject = Arc::from(message.subject.as_str());
+        }
+        slot.refill(&self.last_subject, message.payload)
+            .set_reply_to(message.reply.map(|r| Arc::from(r.as_str())));
+        match message.headers {
+            // Most Core messages carry no headers: the first attempt, nothing to convert.
+            None => {
+                slot.set_attempt(FIRST_BY_HEADER);
+            }
+            Some(map) => {
+                let headers = from_nats(Some(&map));
+                let (attempt, malformed) = Attempt::from_headers(&headers);
+                if let Some(error) = malformed {
+                    tracing::warn!(subject = message.subject.as_str(), %error, "counting it as the first attempt");
+                }
+                slot.set_headers(headers).set_attempt(attempt);
+            }
+        }
+    }
+}
+
 impl Subscription for CoreSubscription {
     type Receipt = ();
 
@@ -242,24 +269,20 @@ impl Subscription for CoreSubscription {
 
     async fn next_into(&mut self, slot: &mut Delivery) -> Option<Result<(), SubscribeError>> {
         let message = self.subscriber.next().await?;
-        if *self.last_subject != *message.subject.as_str() {
-            self.last_subject = Arc::from(message.subject.as_str());
-        }
-        slot.refill(&self.last_subject, message.payload)
-            .set_reply_to(message.reply.map(|r| Arc::from(r.as_str())));
-        match message.headers {
-            // Most Core messages carry no headers: the first attempt, nothing to convert.
-            None => slot.set_attempt(FIRST_BY_HEADER),
-            Some(map) => {
-                let headers = from_nats(Some(&map));
-                let (attempt, malformed) = Attempt::from_headers(&headers);
-                if let Some(error) = malformed {
-                    tracing::warn!(subject = message.subject.as_str(), %error, "counting it as the first attempt");
-                }
-                slot.set_headers(headers).set_attempt(attempt)
-            }
-        };
+        self.fill(message, slot);
         Some(Ok(()))
+    }
+
+    /// A message already in the client's buffer.
+    fn next_now(&mut self, slot: &mut Delivery) -> Poll<Option<Result<(), SubscribeError>>> {
+        // Nothing is left waiting on this context: when it finds nothing, `next_into`
+        // polls again with the driver's own.
+        let mut cx = Context::from_waker(Waker::noop());
+        let Some(message) = std::task::ready!(self.subscriber.poll_next_unpin(&mut cx)) else {
+            return Poll::Ready(None);
+        };
+        self.fill(message, slot);
+        Poll::Ready(Some(Ok(())))
     }
 
     async fn settle(&mut self, _receipt: (), settle: Settle) -> Result<(), AckError> {

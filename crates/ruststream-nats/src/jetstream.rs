@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use async_nats::jetstream::AckKind;
@@ -364,6 +365,63 @@ impl JetStreamSubscription {
             self.kept_alive += 1;
         }
     }
+
+    /// Writes a message from the client into `slot`: its receipt, or `None` (said in the
+    /// log) for one that is not a JetStream delivery, which is skipped.
+    #[inline(always)]
+    fn fill(
+        &mut self,
+        message: async_nats::jetstream::Message,
+        slot: &mut Delivery,
+    ) -> Option<Receipt> {
+        // Taken apart at once: the client's message is large, and every move of it is a
+        // copy.
+        let async_nats::Message {
+            subject,
+            reply,
+            payload,
+            headers,
+            ..
+        } = message.message;
+        let Some(reply) = reply else {
+            tracing::warn!(
+                address = &*self.address,
+                "skipping a message without a JetStream reply subject"
+            );
+            return None;
+        };
+        // Deliveries in a row mostly share their subject: one string for all of them.
+        if *self.last_subject != *subject.as_str() {
+            self.last_subject = Arc::from(subject.as_str());
+        }
+        // The reply's numbers (attempt, stream sequence, time) are read when someone
+        // asks for them, once the subject is known to be of the form the last one
+        // read whole had; the first one, and any other, are read whole now.
+        if let Some(numbers) = self.acks.later(&reply) {
+            slot.refill(&self.last_subject, payload)
+                .set_position_from(numbers);
+        } else {
+            let Some(info) = self.acks.read(reply.as_str()) else {
+                tracing::warn!(
+                    address = &*self.address,
+                    reply = reply.as_str(),
+                    "skipping a message whose reply subject is not JetStream's"
+                );
+                return None;
+            };
+            let (metadata, attempt) = info.position();
+            slot.refill(&self.last_subject, payload)
+                .set_metadata(metadata)
+                .set_attempt(attempt);
+        }
+        if headers.is_some() {
+            slot.set_headers(from_nats(headers.as_ref()));
+        }
+        // The keepalive's key for it (the consumer sequence would need the numbers).
+        self.tags += 1;
+        let tag = self.tags;
+        Some((tag, reply))
+    }
 }
 
 impl Subscription for JetStreamSubscription {
@@ -410,56 +468,32 @@ impl Subscription for JetStreamSubscription {
 
     async fn next_into(&mut self, slot: &mut Delivery) -> Option<Result<Receipt, SubscribeError>> {
         loop {
-            // Taken apart where it comes out of the stream: the client's message is large,
-            // and every move of it is a copy.
-            let async_nats::Message {
-                subject,
-                reply,
-                payload,
-                headers,
-                ..
-            } = match self.messages.next().await? {
-                Ok(message) => message.message,
+            let message = match self.messages.next().await? {
+                Ok(message) => message,
                 Err(e) => return Some(Err(SubscribeError::new(&*self.address, e))),
             };
-            let Some(reply) = reply else {
-                tracing::warn!(
-                    address = &*self.address,
-                    "skipping a message without a JetStream reply subject"
-                );
-                continue;
+            if let Some(receipt) = self.fill(message, slot) {
+                return Some(Ok(receipt));
+            }
+        }
+    }
+
+    /// A message already in the client's buffer.
+    fn next_now(&mut self, slot: &mut Delivery) -> Poll<Option<Result<Receipt, SubscribeError>>> {
+        // Nothing is left waiting on this context: when it finds nothing, `next_into`
+        // polls again with the driver's own.
+        let mut cx = Context::from_waker(Waker::noop());
+        loop {
+            let message = match std::task::ready!(self.messages.poll_next_unpin(&mut cx)) {
+                None => return Poll::Ready(None),
+                Some(Ok(message)) => message,
+                Some(Err(e)) => {
+                    return Poll::Ready(Some(Err(SubscribeError::new(&*self.address, e))));
+                }
             };
-            // Deliveries in a row mostly share their subject: one string for all of them.
-            if *self.last_subject != *subject.as_str() {
-                self.last_subject = Arc::from(subject.as_str());
+            if let Some(receipt) = self.fill(message, slot) {
+                return Poll::Ready(Some(Ok(receipt)));
             }
-            // The reply's numbers (attempt, stream sequence, time) are read when someone
-            // asks for them, once the subject is known to be of the form the last one
-            // read whole had; the first one, and any other, are read whole now.
-            if let Some(numbers) = self.acks.later(&reply) {
-                slot.refill(&self.last_subject, payload)
-                    .set_position_from(numbers);
-            } else {
-                let Some(info) = self.acks.read(reply.as_str()) else {
-                    tracing::warn!(
-                        address = &*self.address,
-                        reply = reply.as_str(),
-                        "skipping a message whose reply subject is not JetStream's"
-                    );
-                    continue;
-                };
-                let (metadata, attempt) = info.position();
-                slot.refill(&self.last_subject, payload)
-                    .set_metadata(metadata)
-                    .set_attempt(attempt);
-            }
-            if headers.is_some() {
-                slot.set_headers(from_nats(headers.as_ref()));
-            }
-            // The keepalive's key for it (the consumer sequence would need the numbers).
-            self.tags += 1;
-            let tag = self.tags;
-            return Some(Ok((tag, reply)));
         }
     }
 

@@ -257,23 +257,9 @@ impl Group {
         loop {
             let waiting = {
                 let mut q = self.lock();
-                if let Some(mut entry) = q.ready.pop_front() {
-                    entry.delivered += 1;
-                    q.delivered += 1;
-                    let order = q.delivered;
-                    let out = (entry.message.clone(), entry.delivered);
-                    let tag = q.unacked.insert(Held {
-                        entry,
-                        consumer,
-                        order,
-                    });
-                    // Another consumer waits and there is more: pass the word on.
-                    let more = !q.ready.is_empty() && q.waiting_consumers > 0;
+                if let Some(popped) = Self::take(&mut q, consumer) {
                     drop(q);
-                    if more {
-                        self.ready.notify_one();
-                    }
-                    return (tag, out.0, out.1);
+                    return self.taken(popped);
                 }
                 Waiter::count(self, q, Side::Consumer)
             };
@@ -283,6 +269,45 @@ impl Group {
             self.ready.notified().await;
             drop(waiting);
         }
+    }
+
+    /// Takes the next ready entry if there is one.
+    #[inline]
+    pub(crate) fn try_pop(&self, consumer: u32) -> Option<(u64, Stored, u32)> {
+        let mut q = self.lock();
+        let popped = Self::take(&mut q, consumer)?;
+        drop(q);
+        Some(self.taken(popped))
+    }
+
+    /// The front entry, counted delivered and held unacknowledged: its tag, a copy of
+    /// it, its deliveries so far, and whether another consumer should be told there is
+    /// more.
+    #[inline]
+    fn take(q: &mut Queues, consumer: u32) -> Option<((u64, Stored, u32), bool)> {
+        let mut entry = q.ready.pop_front()?;
+        entry.delivered += 1;
+        q.delivered += 1;
+        let order = q.delivered;
+        let out = (entry.message.clone(), entry.delivered);
+        let tag = q.unacked.insert(Held {
+            entry,
+            consumer,
+            order,
+        });
+        // Another consumer waits and there is more: pass the word on.
+        let more = !q.ready.is_empty() && q.waiting_consumers > 0;
+        Some(((tag, out.0, out.1), more))
+    }
+
+    /// An entry taken (with the lock let go): another waiting consumer told when there
+    /// is more.
+    #[inline]
+    fn taken(&self, (popped, more): ((u64, Stored, u32), bool)) -> (u64, Stored, u32) {
+        if more {
+            self.ready.notify_one();
+        }
+        popped
     }
 
     /// Done with `tag` for good.

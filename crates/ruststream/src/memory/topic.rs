@@ -1,6 +1,7 @@
 //! The memory broker's descriptor and subscription.
 
 use std::sync::Arc;
+use std::task::Poll;
 
 use ruststream_core::{
     AckError, Attempt, Capabilities, DeadLetters, Declaration, DelayedRedelivery, Delivery,
@@ -8,7 +9,7 @@ use ruststream_core::{
 };
 
 use super::MemoryBroker;
-use super::group::Group;
+use super::group::{Group, Stored};
 
 /// A subscription on a memory address: every group gets every message; subscriptions of
 /// one group compete.
@@ -112,6 +113,26 @@ pub struct MemorySubscription {
 }
 
 impl MemorySubscription {
+    /// Writes a popped entry into `slot`; its tag is the receipt.
+    #[inline]
+    fn fill(&self, slot: &mut Delivery, tag: u64, message: Stored, delivered: u32) -> u64 {
+        let attempt = if self.runtime_retries {
+            let (attempt, malformed) = Attempt::from_headers(&message.headers);
+            if let Some(error) = malformed {
+                tracing::warn!(address = &*self.address, %error, "counting it as the first attempt");
+            }
+            attempt
+        } else {
+            Attempt::from_broker(delivered)
+        };
+        slot.refill(&self.address, message.payload)
+            .set_headers(message.headers)
+            .set_key(message.key)
+            .set_metadata(Metadata::sequence(message.sequence))
+            .set_attempt(attempt);
+        tag
+    }
+
     /// Settles `tag` on the group's queue (nothing here waits).
     fn settle_at_once(&mut self, tag: u64, settle: Settle) -> Result<(), AckError> {
         let known = match settle {
@@ -141,21 +162,16 @@ impl Subscription for MemorySubscription {
 
     async fn next_into(&mut self, slot: &mut Delivery) -> Option<Result<u64, SubscribeError>> {
         let (tag, message, delivered) = self.group.pop(self.consumer).await;
-        let attempt = if self.runtime_retries {
-            let (attempt, malformed) = Attempt::from_headers(&message.headers);
-            if let Some(error) = malformed {
-                tracing::warn!(address = &*self.address, %error, "counting it as the first attempt");
+        Some(Ok(self.fill(slot, tag, message, delivered)))
+    }
+
+    fn next_now(&mut self, slot: &mut Delivery) -> Poll<Option<Result<u64, SubscribeError>>> {
+        match self.group.try_pop(self.consumer) {
+            Some((tag, message, delivered)) => {
+                Poll::Ready(Some(Ok(self.fill(slot, tag, message, delivered))))
             }
-            attempt
-        } else {
-            Attempt::from_broker(delivered)
-        };
-        slot.refill(&self.address, message.payload)
-            .set_headers(message.headers)
-            .set_key(message.key)
-            .set_metadata(Metadata::sequence(message.sequence))
-            .set_attempt(attempt);
-        Some(Ok(tag))
+            None => Poll::Pending,
+        }
     }
 
     async fn settle(&mut self, tag: u64, settle: Settle) -> Result<(), AckError> {

@@ -281,11 +281,11 @@ where
     St: Fn(Box<Incoming>) -> F,
 {
     /// The common case as a straight line, without leaving the driver's poll: while no
-    /// lane runs, no delivery waits for one and no timer is set, a delivery the fetch has
-    /// at once is started and, when its handler finishes in its first poll and its
-    /// settlement waits for nothing, settled; then the next. Anything else, a fetch that
-    /// would wait included, is left to a full pass (the fetch is dropped unfinished, as a
-    /// full pass drops one when something else comes first, and asked again there).
+    /// lane runs, no delivery waits for one and no timer is set, a delivery the
+    /// subscription has at once (`Subscription::next_now`) is started and, when its
+    /// handler finishes in its first poll and its settlement waits for nothing, settled;
+    /// then the next. Anything else, a fetch that would wait included, is left to a full
+    /// pass.
     #[inline(always)]
     fn pump(&mut self, cx: &mut Context<'_>, timers_idle: bool) -> Poll<Pumped<Sub::Receipt>> {
         loop {
@@ -302,11 +302,7 @@ where
             let Poll::Ready(budget) = tokio::task::coop::poll_proceed(cx) else {
                 return Poll::Pending;
             };
-            let fetched = {
-                let fetch = self.subscription.next_into(self.slot.delivery_mut());
-                pin!(fetch).poll(cx)
-            };
-            let Poll::Ready(fetched) = fetched else {
+            let Poll::Ready(fetched) = self.subscription.next_now(self.slot.delivery_mut()) else {
                 return Poll::Ready(Pumped::Pass);
             };
             budget.made_progress();
