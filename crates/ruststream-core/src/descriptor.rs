@@ -2,6 +2,7 @@
 //! subscription its driver task reads and settles.
 
 use std::future::Future;
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::task::Poll;
 
@@ -128,18 +129,20 @@ pub trait Subscription: Send + 'static {
         settle: Settle,
     ) -> impl Future<Output = Result<(), AckError>> + Send;
 
-    /// Performs one settlement without a future, when this subscription's settlement
-    /// waits for nothing (Kafka's offset book, the memory broker's queue): the result
-    /// [`settle`](Self::settle) would give. `None` (the default) leaves the receipt with
-    /// the runtime, which then calls `settle`. The runtime asks this first for the
-    /// common case, a settlement right after the handler's first poll.
+    /// Performs one settlement without a future, when it need not wait (Kafka's offset
+    /// book, the memory broker's queue, a JetStream ack with room in the client's
+    /// queue): [`ControlFlow::Break`] with the result [`settle`](Self::settle) would
+    /// give. [`ControlFlow::Continue`] (the default) hands the receipt back, untouched
+    /// and with nothing done, and the runtime then calls `settle` with it. The runtime
+    /// asks this first for the common case, a settlement right after the handler's first
+    /// poll.
     fn settle_now(
         &mut self,
-        receipt: &Self::Receipt,
+        receipt: Self::Receipt,
         settle: Settle,
-    ) -> Option<Result<(), AckError>> {
-        let _ = (receipt, settle);
-        None
+    ) -> ControlFlow<Result<(), AckError>, Self::Receipt> {
+        let _ = settle;
+        ControlFlow::Continue(receipt)
     }
 
     /// The delivery is not done at once: its handler did not finish in its first poll,

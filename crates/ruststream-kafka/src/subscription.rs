@@ -2,6 +2,7 @@
 
 use std::collections::VecDeque;
 use std::future::Future;
+use std::ops::ControlFlow;
 use std::pin::pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
@@ -522,10 +523,10 @@ impl Subscription for KafkaSubscription {
     /// Nothing in a Kafka settlement waits: the offset book, a stored offset, the window.
     fn settle_now(
         &mut self,
-        receipt: &KafkaReceipt,
+        receipt: KafkaReceipt,
         settle: Settle,
-    ) -> Option<Result<(), AckError>> {
-        Some(self.settle_at_once(receipt, settle))
+    ) -> ControlFlow<Result<(), AckError>, KafkaReceipt> {
+        ControlFlow::Break(self.settle_at_once(&receipt, settle))
     }
 
     async fn idle(&mut self) {

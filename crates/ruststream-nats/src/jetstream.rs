@@ -1,5 +1,7 @@
 //! JetStream: a durable pull consumer whose deliveries the server settles (SPEC N1, N4-N7).
 
+use std::ops::ControlFlow;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::task::{Context, Poll, Waker};
@@ -7,9 +9,10 @@ use std::time::Duration;
 
 use async_nats::jetstream::AckKind;
 use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, pull};
+use async_nats::message::OutboundMessage;
 use async_nats::{Client, Subject};
 use bytes::Bytes;
-use futures_util::StreamExt;
+use futures_util::{Sink, StreamExt};
 use ruststream_core::{
     AckError, Backlog, BacklogProbe, Capabilities, Cause, DeadLetters, Declaration,
     DelayedRedelivery, Delivery, Descriptor, LinkProbe, Publish, Settle, StartAt, SubscribeError,
@@ -366,6 +369,17 @@ impl JetStreamSubscription {
         }
     }
 
+    /// A settled delivery is no longer kept alive.
+    #[inline]
+    fn forget_kept_alive(&mut self, tag: u64) {
+        if self.kept_alive > 0
+            && let Some(running) = &self.in_progress
+            && lock(running).remove(&tag).is_some()
+        {
+            self.kept_alive -= 1;
+        }
+    }
+
     /// Writes a message from the client into `slot`: its receipt, or `None` (said in the
     /// log) for one that is not a JetStream delivery, which is skipped.
     #[inline(always)]
@@ -422,6 +436,23 @@ impl JetStreamSubscription {
         let tag = self.tags;
         Some((tag, reply))
     }
+}
+
+/// The acknowledgement a settlement sends; `None` for none (the server redelivers after
+/// `ack_wait`, N1).
+fn ack_kind(settle: Settle) -> Result<Option<AckKind>, AckError> {
+    Ok(Some(match settle {
+        Settle::Nothing => return Ok(None),
+        Settle::Ack => AckKind::Ack,
+        Settle::Drop => AckKind::Term,
+        Settle::Redeliver => AckKind::Nak(None),
+        Settle::RedeliverAfter(delay) => AckKind::Nak(Some(delay)),
+        Settle::DeadLetter => {
+            return Err(AckError::Unsupported {
+                verb: "dead letter",
+            });
+        }
+    }))
 }
 
 impl Subscription for JetStreamSubscription {
@@ -509,24 +540,11 @@ impl Subscription for JetStreamSubscription {
     }
 
     async fn settle(&mut self, (tag, reply): Receipt, settle: Settle) -> Result<(), AckError> {
-        if self.kept_alive > 0
-            && let Some(running) = &self.in_progress
-            && lock(running).remove(&tag).is_some()
-        {
-            self.kept_alive -= 1;
-        }
-        let kind = match settle {
+        self.forget_kept_alive(tag);
+        let kind = match ack_kind(settle)? {
+            Some(kind) => kind,
             // No outcome: the server redelivers after ack_wait (N1).
-            Settle::Nothing => return Ok(()),
-            Settle::Ack => AckKind::Ack,
-            Settle::Drop => AckKind::Term,
-            Settle::Redeliver => AckKind::Nak(None),
-            Settle::RedeliverAfter(delay) => AckKind::Nak(Some(delay)),
-            Settle::DeadLetter => {
-                return Err(AckError::Unsupported {
-                    verb: "dead letter",
-                });
-            }
+            None => return Ok(()),
         };
         let payload = Bytes::from(kind);
         if self.double_ack {
@@ -541,6 +559,40 @@ impl Subscription for JetStreamSubscription {
                 .await
                 .map_err(AckError::failed)
         }
+    }
+
+    /// An acknowledgement (not a double one, which waits for the server's reply) put in
+    /// the client's queue at once when it has room: the same publish `settle` makes.
+    fn settle_now(
+        &mut self,
+        receipt: Receipt,
+        settle: Settle,
+    ) -> ControlFlow<Result<(), AckError>, Receipt> {
+        let (false, Ok(Some(kind))) = (self.double_ack, ack_kind(settle)) else {
+            return ControlFlow::Continue(receipt);
+        };
+        // No one is woken from this context: when the queue is full, `settle` waits for
+        // room with the driver's own.
+        let mut cx = Context::from_waker(Waker::noop());
+        let client = Pin::new(&mut self.client);
+        if !matches!(client.poll_ready(&mut cx), Poll::Ready(Ok(()))) {
+            return ControlFlow::Continue(receipt);
+        }
+        let (tag, reply) = receipt;
+        self.forget_kept_alive(tag);
+        // The reply subject is the server's, read off its own MSG line: no whitespace,
+        // nothing to validate as `publish` does for subjects of the app's.
+        let ack = OutboundMessage {
+            subject: reply,
+            reply: None,
+            payload: Bytes::from(kind),
+            headers: None,
+        };
+        ControlFlow::Break(
+            Pin::new(&mut self.client)
+                .start_send(ack)
+                .map_err(AckError::failed),
+        )
     }
 
     async fn close(mut self) {

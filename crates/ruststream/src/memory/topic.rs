@@ -1,5 +1,6 @@
 //! The memory broker's descriptor and subscription.
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::task::Poll;
 
@@ -179,8 +180,8 @@ impl Subscription for MemorySubscription {
     }
 
     /// The queue's settlement waits for nothing.
-    fn settle_now(&mut self, tag: &u64, settle: Settle) -> Option<Result<(), AckError>> {
-        Some(self.settle_at_once(*tag, settle))
+    fn settle_now(&mut self, tag: u64, settle: Settle) -> ControlFlow<Result<(), AckError>, u64> {
+        ControlFlow::Break(self.settle_at_once(tag, settle))
     }
 
     async fn close(self) {

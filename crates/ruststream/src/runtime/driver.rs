@@ -5,6 +5,7 @@
 use std::collections::hash_map::DefaultHasher;
 use std::future::{Future, poll_fn};
 use std::hash::{Hash, Hasher};
+use std::ops::ControlFlow;
 use std::pin::Pin;
 use std::pin::pin;
 use std::sync::Arc;
@@ -360,9 +361,11 @@ where
         match fate {
             // Nothing to settle (a Core NATS delivery, an original whose copy went out).
             Fate::Settle(Settle::Nothing) => self.shared.end(),
-            Fate::Settle(settle) => match self.subscription.settle_now(&receipt, settle) {
-                Some(result) => settled(result, &mut self.settle_errors, self.shared, settle),
-                None => {
+            Fate::Settle(settle) => match self.subscription.settle_now(receipt, settle) {
+                ControlFlow::Break(result) => {
+                    settled(result, &mut self.settle_errors, self.shared, settle);
+                }
+                ControlFlow::Continue(receipt) => {
                     let fate = Fate::Settle(settle);
                     return Some(Done { receipt, fate });
                 }
