@@ -1,7 +1,7 @@
 //! JetStream: a durable pull consumer whose deliveries the server settles (SPEC N1, N4-N7).
 
 use std::ops::ControlFlow;
-use std::pin::Pin;
+use std::pin::pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::task::{Context, Poll, Waker};
@@ -9,10 +9,9 @@ use std::time::Duration;
 
 use async_nats::jetstream::AckKind;
 use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, pull};
-use async_nats::message::OutboundMessage;
 use async_nats::{Client, Subject};
 use bytes::Bytes;
-use futures_util::{Sink, StreamExt};
+use futures_util::StreamExt;
 use ruststream_core::{
     AckError, Backlog, BacklogProbe, Capabilities, Cause, DeadLetters, Declaration,
     DelayedRedelivery, Delivery, Descriptor, LinkProbe, Publish, Settle, StartAt, SubscribeError,
@@ -562,7 +561,8 @@ impl Subscription for JetStreamSubscription {
     }
 
     /// An acknowledgement (not a double one, which waits for the server's reply) put in
-    /// the client's queue at once when it has room: the same publish `settle` makes.
+    /// the client's queue at once when it has room: the publish `settle` makes, polled
+    /// once here.
     fn settle_now(
         &mut self,
         receipt: Receipt,
@@ -571,28 +571,17 @@ impl Subscription for JetStreamSubscription {
         let (false, Ok(Some(kind))) = (self.double_ack, ack_kind(settle)) else {
             return ControlFlow::Continue(receipt);
         };
-        // No one is woken from this context: when the queue is full, `settle` waits for
-        // room with the driver's own.
+        // No one is woken from this context. A full queue (or tokio's budget spent)
+        // leaves the publish pending: dropped, it has sent nothing (the client's queue
+        // is a tokio channel, whose send is cancel safe), and `settle` publishes again
+        // and waits with the driver's own context.
         let mut cx = Context::from_waker(Waker::noop());
-        let client = Pin::new(&mut self.client);
-        if !matches!(client.poll_ready(&mut cx), Poll::Ready(Ok(()))) {
+        let publish = self.client.publish(receipt.1.clone(), Bytes::from(kind));
+        let Poll::Ready(published) = pin!(publish).poll(&mut cx) else {
             return ControlFlow::Continue(receipt);
-        }
-        let (tag, reply) = receipt;
-        self.forget_kept_alive(tag);
-        // The reply subject is the server's, read off its own MSG line: no whitespace,
-        // nothing to validate as `publish` does for subjects of the app's.
-        let ack = OutboundMessage {
-            subject: reply,
-            reply: None,
-            payload: Bytes::from(kind),
-            headers: None,
         };
-        ControlFlow::Break(
-            Pin::new(&mut self.client)
-                .start_send(ack)
-                .map_err(AckError::failed),
-        )
+        self.forget_kept_alive(receipt.0);
+        ControlFlow::Break(published.map_err(AckError::failed))
     }
 
     async fn close(mut self) {
