@@ -127,8 +127,9 @@ fn note_bound<S>(shared: &Shared<S>, at_bound: bool) {
 enum Event<R> {
     /// A lane finished a delivery.
     Finished(Done<R>),
-    /// A delayed copy's timer ran.
-    Timer(Done<R>),
+    /// A delivery to settle: a delayed copy's timer ran, or the pump has one whose
+    /// settlement waits (or is not a plain settlement).
+    Done(Done<R>),
     Stop,
     /// The subscription's idle upkeep at the bound returned.
     Idle,
@@ -178,21 +179,8 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
         // The common case first, within this one poll: deliveries fetched at once, run,
         // finished and settled, one after another, while nothing else goes on.
         let timers_idle = timers.set.is_empty();
-        let done = match poll_fn(|cx| d.pump(cx, timers_idle)).await {
-            Pumped::Pass => None,
-            Pumped::Done(done) => Some(done),
-            Pumped::Stop => break,
-            Pumped::Failed(error) => {
-                d.fetch_failed(&error).await;
-                continue;
-            }
-            Pumped::Ended => {
-                note_ended(&shared);
-                break;
-            }
-        };
-        let done = match done {
-            Some(done) => done,
+        let event = match poll_fn(|cx| d.pump(cx, timers_idle)).await {
+            Some(event) => event,
             None => {
                 // A full pass: whatever comes first of a lane finishing, a timer, the
                 // stop signal and the fetch (which waits here when nothing is there).
@@ -203,32 +191,32 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
                     room,
                     waiting: d.pending.is_some(),
                 };
-                match fetch
+                fetch
                     .or_else(&mut d.set, &mut timers.set, &mut d.stop)
                     .await
-                {
-                    Event::Finished(done) => {
-                        d.set.start_waiting(&mut d.pending);
-                        done
-                    }
-                    Event::Timer(done) => done,
-                    Event::Stop => break,
-                    Event::Idle => continue,
-                    Event::Fetched(receipt) => {
-                        let Some(done) = with_context(|cx| d.fetched(receipt, cx)).await else {
-                            continue;
-                        };
-                        done
-                    }
-                    Event::FetchFailed(error) => {
-                        d.fetch_failed(&error).await;
-                        continue;
-                    }
-                    Event::Ended => {
-                        note_ended(&shared);
-                        break;
-                    }
-                }
+            }
+        };
+        let done = match event {
+            Event::Finished(done) => {
+                d.set.start_waiting(&mut d.pending);
+                done
+            }
+            Event::Done(done) => done,
+            Event::Stop => break,
+            Event::Idle => continue,
+            Event::Fetched(receipt) => {
+                let Some(done) = with_context(|cx| d.fetched(receipt, cx)).await else {
+                    continue;
+                };
+                done
+            }
+            Event::FetchFailed(error) => {
+                d.fetch_failed(&error).await;
+                continue;
+            }
+            Event::Ended => {
+                note_ended(&shared);
+                break;
             }
         };
         if let Some(Done { receipt, fate }) = d.settle_at_once(done) {
@@ -245,18 +233,6 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
         ..
     } = d;
     close_within(subscription, &shared, set, pending, timers, deadlines).await;
-}
-
-/// What the common case stopped at.
-enum Pumped<R> {
-    /// Something the common case does not cover (a lane still running, a delivery
-    /// waiting for its lane, a timer, the bound, nothing fetched at once): a full pass.
-    Pass,
-    /// A delivery done whose settlement waits, or that is not a plain settlement.
-    Done(Done<R>),
-    Stop,
-    Failed(SubscribeError),
-    Ended,
 }
 
 /// The driver's state, apart from the delayed copies' timers.
@@ -285,38 +261,42 @@ where
     /// lane runs, no delivery waits for one and no timer is set, a delivery the
     /// subscription has at once (`Subscription::next_now`) is started and, when its
     /// handler finishes in its first poll and its settlement waits for nothing, settled;
-    /// then the next. Anything else, a fetch that would wait included, is left to a full
-    /// pass.
+    /// then the next. What it stops at is the loop's next event; anything else, a fetch
+    /// that would wait included, is left to a full pass (`None`).
     #[inline(always)]
-    fn pump(&mut self, cx: &mut Context<'_>, timers_idle: bool) -> Poll<Pumped<Sub::Receipt>> {
+    fn pump(
+        &mut self,
+        cx: &mut Context<'_>,
+        timers_idle: bool,
+    ) -> Poll<Option<Event<Sub::Receipt>>> {
         loop {
             if !timers_idle || self.pending.is_some() || !self.set.is_idle() {
-                return Poll::Ready(Pumped::Pass);
+                return Poll::Ready(None);
             }
             if !fetch_room(&self.subscription, self.shared, &mut self.at_bound) {
-                return Poll::Ready(Pumped::Pass);
+                return Poll::Ready(None);
             }
             if self.stop.changed_to_stop(cx) {
-                return Poll::Ready(Pumped::Stop);
+                return Poll::Ready(Some(Event::Stop));
             }
             // The cooperative budget, as in a full pass (see `poll_event`).
             let Poll::Ready(budget) = tokio::task::coop::poll_proceed(cx) else {
                 return Poll::Pending;
             };
             let Poll::Ready(fetched) = self.subscription.next_now(self.slot.delivery_mut()) else {
-                return Poll::Ready(Pumped::Pass);
+                return Poll::Ready(None);
             };
             budget.made_progress();
             let receipt = match fetched {
                 Some(Ok(receipt)) => receipt,
-                Some(Err(error)) => return Poll::Ready(Pumped::Failed(error)),
-                None => return Poll::Ready(Pumped::Ended),
+                Some(Err(error)) => return Poll::Ready(Some(Event::FetchFailed(error))),
+                None => return Poll::Ready(Some(Event::Ended)),
             };
             let Some(done) = self.fetched(receipt, cx) else {
-                return Poll::Ready(Pumped::Pass);
+                return Poll::Ready(None);
             };
             if let Some(done) = self.settle_at_once(done) {
-                return Poll::Ready(Pumped::Done(done));
+                return Poll::Ready(Some(Event::Done(done)));
             }
         }
     }
@@ -540,7 +520,7 @@ where
     {
         // A timer that panicked or was aborted leaves nothing to settle.
         if let Ok(done) = joined {
-            return Poll::Ready(Event::Timer(done));
+            return Poll::Ready(Event::Done(done));
         }
     }
     if stop.changed_to_stop(cx) {
