@@ -1,12 +1,16 @@
 //! An open Pulsar subscription: individual acks and nacks, held delayed redeliveries, and
 //! the attempt count kept per message id.
 
+use std::future::Future;
+use std::ops::ControlFlow;
+use std::pin::pin;
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
 use futures_util::StreamExt;
 use pulsar::TokioExecutor;
-use pulsar::consumer::{Consumer, ConsumerBuilder};
+use pulsar::consumer::{Consumer, ConsumerBuilder, Message};
 use pulsar::message::Payload;
 use pulsar::message::proto::MessageIdData;
 use ruststream_core::hash::SpreadMap;
@@ -125,6 +129,31 @@ impl PulsarSubscription {
             .set_attempt(attempt);
     }
 
+    /// A message from the client written into `slot`, with its receipt; `None` when it
+    /// is held again instead (see below). The client's message is large (its metadata):
+    /// only its data is moved out of it, not the whole of it from one binding to the next.
+    #[inline(always)]
+    fn arrived(
+        &mut self,
+        mut message: Message<Vec<u8>>,
+        slot: &mut Delivery,
+    ) -> Option<PulsarReceipt> {
+        let topic = self.topics.get(&message.topic);
+        // Taken, not cloned: the message is dropped below.
+        let id = std::mem::take(&mut message.message_id.id);
+        // (Empty unless a connection was lost: no lookup per message then.)
+        if !self.waits.is_empty()
+            && let Some(due) = self.waits.remove(&key(&id))
+            && due > Instant::now()
+        {
+            // Held when the last connection died, and back before its delay is over.
+            self.held.hold(due, PulsarReceipt { topic, id });
+            return None;
+        }
+        self.delivery(&topic, &id, &mut message.payload, slot);
+        Some(PulsarReceipt { topic, id })
+    }
+
     /// Subscribes again after the last consumer's stream ended.
     async fn resubscribe(&mut self) -> Result<(), SubscribeError> {
         tokio::time::sleep_until(self.subscribed_at + RESUBSCRIBE_PAUSE).await;
@@ -226,30 +255,49 @@ impl Subscription for PulsarSubscription {
                     () = tokio::time::sleep_until(due) => continue,
                 },
             };
-            // The client's message is large (its metadata): matched once, and only its
-            // data moved out of it, not the whole of it from one binding to the next.
-            let mut message = match next {
-                Some(Ok(message)) => message,
+            match next {
+                Some(Ok(message)) => {
+                    if let Some(receipt) = self.arrived(message, slot) {
+                        return Some(Ok(receipt));
+                    }
+                }
                 Some(Err(e)) => return Some(Err(SubscribeError::new(&*self.address, e))),
+                None => self.lost_consumer(),
+            }
+        }
+    }
+
+    /// A message the client has at once, when nothing held waits for its delay (then
+    /// `next_into` nacks what is due first) and the consumer is there.
+    fn next_now(
+        &mut self,
+        slot: &mut Delivery,
+    ) -> Poll<Option<Result<PulsarReceipt, SubscribeError>>> {
+        // Nothing is left waiting on this context: when it finds nothing, `next_into`
+        // polls again with the driver's own.
+        let mut cx = Context::from_waker(Waker::noop());
+        loop {
+            if !self.held.is_empty() {
+                return Poll::Pending;
+            }
+            let Some(consumer) = self.consumer.as_mut() else {
+                return Poll::Pending;
+            };
+            match std::task::ready!(consumer.poll_next_unpin(&mut cx)) {
+                Some(Ok(message)) => {
+                    if let Some(receipt) = self.arrived(message, slot) {
+                        return Poll::Ready(Some(Ok(receipt)));
+                    }
+                }
+                Some(Err(e)) => {
+                    return Poll::Ready(Some(Err(SubscribeError::new(&*self.address, e))));
+                }
+                // `next_into` subscribes again.
                 None => {
                     self.lost_consumer();
-                    continue;
+                    return Poll::Pending;
                 }
-            };
-            let topic = self.topics.get(&message.topic);
-            // Taken, not cloned: the message is dropped below.
-            let id = std::mem::take(&mut message.message_id.id);
-            // (Empty unless a connection was lost: no lookup per message then.)
-            if !self.waits.is_empty()
-                && let Some(due) = self.waits.remove(&key(&id))
-                && due > Instant::now()
-            {
-                // Held when the last connection died, and back before its delay is over.
-                self.held.hold(due, PulsarReceipt { topic, id });
-                continue;
             }
-            self.delivery(&topic, &id, &mut message.payload, slot);
-            return Some(Ok(PulsarReceipt { topic, id }));
         }
     }
 
@@ -274,6 +322,27 @@ impl Subscription for PulsarSubscription {
                 verb: "dead letter",
             }),
         }
+    }
+
+    /// An ack or a drop: the client's ack is a message on an unbounded channel to its
+    /// connection's task, sent in its first poll. (Were it ever to wait, the ack is
+    /// reported failed, and the broker delivers the message again: its id went with it.)
+    fn settle_now(
+        &mut self,
+        receipt: PulsarReceipt,
+        settle: Settle,
+    ) -> ControlFlow<Result<(), AckError>, PulsarReceipt> {
+        let (Settle::Ack | Settle::Drop, Some(consumer)) = (settle, self.consumer.as_mut()) else {
+            return ControlFlow::Continue(receipt);
+        };
+        self.attempts.remove(&key(&receipt.id));
+        let ack = pin!(consumer.ack_with_id(&receipt.topic, receipt.id));
+        ControlFlow::Break(match ack.poll(&mut Context::from_waker(Waker::noop())) {
+            Poll::Ready(result) => result.map_err(AckError::failed),
+            Poll::Pending => Err(AckError::failed(
+                "the client's ack queue did not take the ack at once; the broker delivers the message again",
+            )),
+        })
     }
 
     fn holding(&self) -> usize {
