@@ -4,6 +4,7 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -128,6 +129,20 @@ impl RabbitSubscription {
         true
     }
 
+    /// What the consumer's stream gave, as the next delivery (written into `slot`).
+    #[inline(always)]
+    fn received(
+        &mut self,
+        next: Option<lapin::Result<lapin::message::Delivery>>,
+        slot: &mut Delivery,
+    ) -> Option<Result<RabbitReceipt, SubscribeError>> {
+        match next {
+            Some(Ok(message)) => Some(Ok(self.delivery(message, slot))),
+            Some(Err(e)) => Some(Err(self.lost(&format!("channel lost: {e}")))),
+            None => Some(Err(self.lost("the broker cancelled the consumer"))),
+        }
+    }
+
     fn delivery(&self, message: lapin::message::Delivery, slot: &mut Delivery) -> RabbitReceipt {
         let table = message.properties.headers().as_ref();
         let headers = from_table(table);
@@ -197,12 +212,27 @@ impl Subscription for RabbitSubscription {
                 () = self.watchdog.as_mut() => continue,
                 () = sleep_until_some(due) => continue,
             };
-            return match next {
-                Some(Ok(message)) => Some(Ok(self.delivery(message, slot))),
-                Some(Err(e)) => Some(Err(self.lost(&format!("channel lost: {e}")))),
-                None => Some(Err(self.lost("the broker cancelled the consumer"))),
-            };
+            return self.received(next, slot);
         }
+    }
+
+    /// A delivery the consumer has at once, when nothing held waits for its nack and the
+    /// channel's state is not due for a look (`next_into` does both first).
+    fn next_now(
+        &mut self,
+        slot: &mut Delivery,
+    ) -> Poll<Option<Result<RabbitReceipt, SubscribeError>>> {
+        if !self.held.is_empty() || self.watchdog.is_elapsed() {
+            return Poll::Pending;
+        }
+        let Some(session) = &mut self.session else {
+            return Poll::Pending;
+        };
+        // Nothing is left waiting on this context: when it finds nothing, `next_into`
+        // polls again with the driver's own.
+        let mut cx = Context::from_waker(Waker::noop());
+        let next = std::task::ready!(session.consumer.poll_next_unpin(&mut cx));
+        Poll::Ready(self.received(next, slot))
     }
 
     async fn settle(&mut self, receipt: RabbitReceipt, settle: Settle) -> Result<(), AckError> {

@@ -8,8 +8,10 @@
 //! go through the shared command connection.
 
 use std::collections::VecDeque;
+use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::Poll;
 use std::time::Duration;
 
 use redis::aio::ConnectionManager;
@@ -262,6 +264,46 @@ impl Subscription for RedisSubscription {
                 },
                 () = sleep_until_some(due) => continue,
             };
+        }
+    }
+
+    /// An entry read already, when nothing held waits for its claim and the gathered
+    /// acknowledgements are not due to go out (`next_into` does both first).
+    fn next_now(
+        &mut self,
+        slot: &mut Delivery,
+    ) -> Poll<Option<Result<RedisReceipt, SubscribeError>>> {
+        if let Some(entry) = self.ready.pop_front() {
+            return Poll::Ready(Some(Ok(self.delivery(entry, slot))));
+        }
+        if !self.held.is_empty() || self.acks.len() >= ACKS_AT_ONCE {
+            return Poll::Pending;
+        }
+        match self.rx.try_recv() {
+            Ok(read) => Poll::Ready(Some(read.map(|entry| self.delivery(entry, slot)))),
+            // `next_into` sends the acknowledgements gathered, then waits.
+            Err(mpsc::error::TryRecvError::Empty) => Poll::Pending,
+            Err(mpsc::error::TryRecvError::Disconnected) => Poll::Ready(None),
+        }
+    }
+
+    /// An ack or a drop joins the acknowledgements gathered, unless it fills the batch
+    /// (`settle` sends that); no outcome is forgotten at once.
+    fn settle_now(
+        &mut self,
+        receipt: RedisReceipt,
+        settle: Settle,
+    ) -> ControlFlow<Result<(), AckError>, RedisReceipt> {
+        match settle {
+            Settle::Nothing => {
+                self.shared.known().remove(&receipt.id);
+                ControlFlow::Break(Ok(()))
+            }
+            Settle::Ack | Settle::Drop if self.acks.len() + 1 < ACKS_AT_ONCE => {
+                self.acks.push(receipt.id);
+                ControlFlow::Break(Ok(()))
+            }
+            _ => ControlFlow::Continue(receipt),
         }
     }
 
