@@ -101,20 +101,7 @@ fn settled_as_planned<S>(
         OutcomeKind::Retry { .. } => return None,
     };
     if let Some(error) = &plan.error {
-        if plan.settle == Settle::Nothing {
-            // What `report_unsupported` says of a Core ack or drop, without its work
-            // when nobody listens (no metrics here): the fields are read only if the
-            // debug level is on.
-            tracing::debug!(
-                registration = &*shared.registration,
-                address = delivery.address(),
-                attempt = delivery.attempt().number(),
-                %error,
-                "settlement not supported"
-            );
-        } else {
-            report_unsupported(shared, delivery, completion, plan, error);
-        }
+        report_unsupported(shared, delivery, completion, plan, error);
     }
     Some(plan.settle)
 }
