@@ -9,7 +9,7 @@ use ruststream_core::Headers;
 use tokio::sync::Notify;
 
 /// A message as the memory broker stores it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub(crate) struct Stored {
     pub(crate) payload: Bytes,
     pub(crate) headers: Headers,
@@ -17,20 +17,48 @@ pub(crate) struct Stored {
     pub(crate) sequence: u64,
 }
 
-#[derive(Debug)]
-pub(crate) struct Entry {
-    pub(crate) message: Stored,
+/// Where an entry is.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// No entry: the slot is on the free list.
+    #[default]
+    Free,
+    Ready,
+    /// Delivered to `consumer` and not settled; `order` is its place among all
+    /// deliveries (what puts a closing consumer's entries back in the order they went out).
+    Unacked {
+        consumer: u32,
+        order: u64,
+    },
+    /// Waiting out a `requeue_after` delay.
+    Delayed,
+}
+
+/// One entry of the group, from its publish until it is done with. It stays in its slot
+/// the whole time: the ready queue and the tags name it by index, so a delivery moves
+/// no entry, and taking one back is an index and a compare (a hash map insert and
+/// remove per delivery cost about 200 instructions).
+#[derive(Debug, Default)]
+struct Slot {
+    /// Changes with every delivery of the entry and when the slot is freed: a tag names
+    /// one delivery (generation above, index below), and a stale or repeated one finds
+    /// nothing.
+    generation: u32,
     /// Deliveries so far: the native redelivery count.
-    pub(crate) delivered: u32,
+    delivered: u32,
+    state: State,
+    message: Stored,
 }
 
 #[derive(Debug, Default)]
 struct Queues {
-    ready: VecDeque<Entry>,
-    unacked: Unacked,
-    delayed: usize,
-    /// Deliveries so far, in order: what puts a closing consumer's entries back in the
-    /// order they went out.
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    /// The slots of ready entries, in the order they go out.
+    ready: VecDeque<u32>,
+    /// Entries held (ready, unacknowledged or delayed): what the capacity bounds.
+    held: usize,
+    /// Deliveries so far, in order.
     delivered: u64,
     /// Publishers waiting for room: an ack wakes them only when there are some.
     waiting_publishers: usize,
@@ -38,96 +66,57 @@ struct Queues {
     waiting_consumers: usize,
 }
 
-/// Delivered, unacknowledged entries, in slots reused as they free up: a delivery's tag
-/// names its slot and the slot's generation, so taking one back is an index and a
-/// compare (a hash map insert and remove per delivery cost about 200 instructions), and
-/// a stale or repeated tag finds nothing.
-#[derive(Debug, Default)]
-struct Unacked {
-    slots: Vec<Slot>,
-    free: Vec<u32>,
-    len: usize,
-}
+impl Queues {
+    fn waiting(&mut self, side: Side) -> &mut usize {
+        match side {
+            Side::Publisher => &mut self.waiting_publishers,
+            Side::Consumer => &mut self.waiting_consumers,
+        }
+    }
 
-#[derive(Debug, Default)]
-struct Slot {
-    generation: u32,
-    held: Option<Held>,
-}
-
-#[derive(Debug)]
-struct Held {
-    entry: Entry,
-    consumer: u32,
-    order: u64,
-}
-
-impl Unacked {
-    fn insert(&mut self, held: Held) -> u64 {
+    /// Stores `message` as a ready entry, at the back.
+    fn push_back(&mut self, message: Stored) {
         let index = match self.free.pop() {
             Some(index) => index,
             None => {
                 self.slots.push(Slot::default());
-                u32::try_from(self.slots.len() - 1).expect("fewer than 2^32 unacked entries")
+                u32::try_from(self.slots.len() - 1).expect("fewer than 2^32 entries")
             }
         };
         let slot = &mut self.slots[index as usize];
-        slot.held = Some(held);
-        self.len += 1;
-        (u64::from(slot.generation) << 32) | u64::from(index)
+        slot.message = message;
+        slot.delivered = 0;
+        slot.state = State::Ready;
+        self.held += 1;
+        self.ready.push_back(index);
     }
 
-    fn remove(&mut self, tag: u64) -> Option<Held> {
-        let index = self.held_at(tag)?;
-        let held = self.slots[index as usize].held.take();
-        self.vacate(index);
-        held
-    }
-
-    /// Like `remove`, for an entry done with for good: dropped where it lies, not moved
-    /// out first (it is some 120 bytes).
-    fn discard(&mut self, tag: u64) -> bool {
-        let Some(index) = self.held_at(tag) else {
-            return false;
-        };
-        self.slots[index as usize].held = None;
-        self.vacate(index);
-        true
-    }
-
-    /// The slot `tag` names, if it holds the entry the tag was given for.
-    fn held_at(&self, tag: u64) -> Option<u32> {
+    /// The slot `tag` names, if it holds the delivery the tag was given for.
+    fn unacked_at(&self, tag: u64) -> Option<usize> {
         // The tag's halves: generation above, slot index below.
         #[allow(clippy::cast_possible_truncation)]
-        let (generation, index) = ((tag >> 32) as u32, tag as u32);
-        let slot = self.slots.get(index as usize)?;
-        (slot.generation == generation && slot.held.is_some()).then_some(index)
+        let (generation, index) = ((tag >> 32) as u32, tag as u32 as usize);
+        let slot = self.slots.get(index)?;
+        (slot.generation == generation && matches!(slot.state, State::Unacked { .. }))
+            .then_some(index)
     }
 
-    /// A slot emptied: a later tag for it is stale.
-    fn vacate(&mut self, index: u32) {
-        let slot = &mut self.slots[index as usize];
+    /// Done with the entry in `index` for good: its message dropped, its slot free.
+    fn free(&mut self, index: usize) {
+        let slot = &mut self.slots[index];
+        slot.message = Stored::default();
+        slot.state = State::Free;
         slot.generation = slot.generation.wrapping_add(1);
-        self.free.push(index);
-        self.len -= 1;
+        self.held -= 1;
+        #[allow(clippy::cast_possible_truncation)]
+        self.free.push(index as u32);
     }
 
-    /// The tags a consumer holds.
-    fn of(&self, consumer: u32) -> Vec<u64> {
-        self.slots
-            .iter()
-            .enumerate()
-            .filter(|(_, slot)| slot.held.as_ref().is_some_and(|h| h.consumer == consumer))
-            .map(|(index, slot)| (u64::from(slot.generation) << 32) | index as u64)
-            .collect()
-    }
-
-    fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    fn len(&self) -> usize {
-        self.len
+    /// Puts the entry in `index` back at the front.
+    fn ready_again(&mut self, index: usize) {
+        self.slots[index].state = State::Ready;
+        #[allow(clippy::cast_possible_truncation)]
+        self.ready.push_front(index as u32);
     }
 }
 
@@ -156,15 +145,6 @@ impl<'g> Waiter<'g> {
 impl Drop for Waiter<'_> {
     fn drop(&mut self) {
         *self.group.lock().waiting(self.side) -= 1;
-    }
-}
-
-impl Queues {
-    fn waiting(&mut self, side: Side) -> &mut usize {
-        match side {
-            Side::Publisher => &mut self.waiting_publishers,
-            Side::Consumer => &mut self.waiting_consumers,
-        }
     }
 }
 
@@ -207,13 +187,10 @@ impl Group {
     /// Adds a copy of `message` when there is room; false when the group is full.
     pub(crate) fn try_push(&self, message: &Stored) -> bool {
         let mut q = self.lock();
-        if q.ready.len() + q.unacked.len() + q.delayed >= self.capacity {
+        if q.held >= self.capacity {
             return false;
         }
-        q.ready.push_back(Entry {
-            message: message.clone(),
-            delivered: 0,
-        });
+        q.push_back(message.clone());
         drop(q);
         self.ready.notify_one();
         true
@@ -225,11 +202,8 @@ impl Group {
             let room = self.room.notified();
             let waiting = {
                 let mut q = self.lock();
-                if q.ready.len() + q.unacked.len() + q.delayed < self.capacity {
-                    q.ready.push_back(Entry {
-                        message,
-                        delivered: 0,
-                    });
+                if q.held < self.capacity {
+                    q.push_back(message);
                     drop(q);
                     self.ready.notify_one();
                     return;
@@ -244,22 +218,26 @@ impl Group {
 
     /// Adds a message whatever the capacity (messages published before any group existed).
     pub(crate) fn push_unbounded(&self, message: Stored) {
-        self.lock().ready.push_back(Entry {
-            message,
-            delivered: 0,
-        });
+        self.lock().push_back(message);
         self.ready.notify_one();
     }
 
-    /// Takes the next ready entry, waiting for one. Cancel safe: nothing is taken until
-    /// the lock is held, and a pop dropped while it waits is no longer counted waiting.
-    pub(crate) async fn pop(&self, consumer: u32) -> (u64, Stored, u32) {
+    /// Takes the next ready entry, waiting for one, and hands it to `take` (its tag, the
+    /// message, its deliveries so far) under the lock. Cancel safe: nothing is taken
+    /// until the lock is held, and a pop dropped while it waits is no longer counted
+    /// waiting.
+    pub(crate) async fn pop<R>(
+        &self,
+        consumer: u32,
+        take: impl FnOnce(u64, &Stored, u32) -> R,
+    ) -> R {
+        let mut take = Some(take);
         loop {
             let waiting = {
                 let mut q = self.lock();
-                if let Some(popped) = Self::take(&mut q, consumer) {
+                if let Some(taken) = Self::take(&mut q, consumer, &mut take) {
                     drop(q);
-                    return self.taken(popped);
+                    return self.taken(taken);
                 }
                 Waiter::count(self, q, Side::Consumer)
             };
@@ -271,64 +249,74 @@ impl Group {
         }
     }
 
-    /// Takes the next ready entry if there is one.
+    /// Like `pop`, if an entry is ready now.
     #[inline]
-    pub(crate) fn try_pop(&self, consumer: u32) -> Option<(u64, Stored, u32)> {
+    pub(crate) fn try_pop<R>(
+        &self,
+        consumer: u32,
+        take: impl FnOnce(u64, &Stored, u32) -> R,
+    ) -> Option<R> {
         let mut q = self.lock();
-        let popped = Self::take(&mut q, consumer)?;
+        let taken = Self::take(&mut q, consumer, &mut Some(take))?;
         drop(q);
-        Some(self.taken(popped))
+        Some(self.taken(taken))
     }
 
-    /// The front entry, counted delivered and held unacknowledged: its tag, a copy of
-    /// it, its deliveries so far, and whether another consumer should be told there is
-    /// more.
+    /// The front entry, counted delivered and held unacknowledged, handed to `take`; and
+    /// whether another consumer should be told there is more.
     #[inline]
-    fn take(q: &mut Queues, consumer: u32) -> Option<((u64, Stored, u32), bool)> {
-        let mut entry = q.ready.pop_front()?;
-        entry.delivered += 1;
+    fn take<R>(
+        q: &mut Queues,
+        consumer: u32,
+        take: &mut Option<impl FnOnce(u64, &Stored, u32) -> R>,
+    ) -> Option<(R, bool)> {
+        let index = q.ready.pop_front()?;
         q.delivered += 1;
         let order = q.delivered;
-        let out = (entry.message.clone(), entry.delivered);
-        let tag = q.unacked.insert(Held {
-            entry,
-            consumer,
-            order,
-        });
+        let slot = &mut q.slots[index as usize];
+        slot.generation = slot.generation.wrapping_add(1);
+        slot.delivered += 1;
+        slot.state = State::Unacked { consumer, order };
+        let tag = (u64::from(slot.generation) << 32) | u64::from(index);
+        let take = take.take().expect("an entry is taken once");
+        let taken = take(tag, &slot.message, slot.delivered);
         // Another consumer waits and there is more: pass the word on.
         let more = !q.ready.is_empty() && q.waiting_consumers > 0;
-        Some(((tag, out.0, out.1), more))
+        Some((taken, more))
     }
 
     /// An entry taken (with the lock let go): another waiting consumer told when there
     /// is more.
     #[inline]
-    fn taken(&self, (popped, more): ((u64, Stored, u32), bool)) -> (u64, Stored, u32) {
+    fn taken<R>(&self, (taken, more): (R, bool)) -> R {
         if more {
             self.ready.notify_one();
         }
-        popped
+        taken
     }
 
     /// Done with `tag` for good.
     pub(crate) fn remove(&self, tag: u64) -> bool {
         let mut q = self.lock();
-        let removed = q.unacked.discard(tag);
+        let Some(index) = q.unacked_at(tag) else {
+            return false;
+        };
+        q.free(index);
         let waiting = q.waiting_publishers > 0;
         drop(q);
         if waiting {
             self.room.notify_waiters();
         }
-        removed
+        true
     }
 
     /// Puts `tag` back at the front: delivered again before anything fetched later.
     pub(crate) fn requeue(&self, tag: u64) -> bool {
         let mut q = self.lock();
-        let Some(Held { entry, .. }) = q.unacked.remove(tag) else {
+        let Some(index) = q.unacked_at(tag) else {
             return false;
         };
-        q.ready.push_front(entry);
+        q.ready_again(index);
         drop(q);
         self.ready.notify_one();
         true
@@ -337,18 +325,16 @@ impl Group {
     /// Holds `tag` for `delay`, then puts it back at the front.
     pub(crate) fn requeue_after(self: &Arc<Self>, tag: u64, delay: Duration) -> bool {
         let mut q = self.lock();
-        let Some(Held { entry, .. }) = q.unacked.remove(tag) else {
+        let Some(index) = q.unacked_at(tag) else {
             return false;
         };
-        q.delayed += 1;
+        q.slots[index].state = State::Delayed;
         drop(q);
         let group = Arc::clone(self);
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;
-            let mut q = group.lock();
-            q.delayed -= 1;
-            q.ready.push_front(entry);
-            drop(q);
+            // Nothing else moves a delayed entry: it is still in its slot.
+            group.lock().ready_again(index);
             group.ready.notify_one();
         });
         true
@@ -357,14 +343,18 @@ impl Group {
     /// Puts every entry a closing consumer holds back, in delivery order.
     pub(crate) fn release(&self, consumer: u32) {
         let mut q = self.lock();
-        let tags = q.unacked.of(consumer);
-        let mut back: Vec<Held> = tags
-            .into_iter()
-            .filter_map(|t| q.unacked.remove(t))
+        let mut back: Vec<(u64, usize)> = q
+            .slots
+            .iter()
+            .enumerate()
+            .filter_map(|(index, slot)| match slot.state {
+                State::Unacked { consumer: c, order } if c == consumer => Some((order, index)),
+                _ => None,
+            })
             .collect();
-        back.sort_by_key(|held| std::cmp::Reverse(held.order));
-        for held in back {
-            q.ready.push_front(held.entry);
+        back.sort_unstable_by_key(|(order, _)| std::cmp::Reverse(*order));
+        for (_, index) in back {
+            q.ready_again(index);
         }
         drop(q);
         self.ready.notify_one();
@@ -372,14 +362,12 @@ impl Group {
 
     /// Nothing ready, unacknowledged or delayed.
     pub(crate) fn is_idle(&self) -> bool {
-        let q = self.lock();
-        q.ready.is_empty() && q.unacked.is_empty() && q.delayed == 0
+        self.lock().held == 0
     }
 
     /// Entries not yet done (ready + unacknowledged + delayed).
     pub(crate) fn depth(&self) -> usize {
-        let q = self.lock();
-        q.ready.len() + q.unacked.len() + q.delayed
+        self.lock().held
     }
 }
 
@@ -392,6 +380,10 @@ mod tests {
     use bytes::Bytes;
 
     use super::{Group, Stored};
+
+    fn owned(tag: u64, message: &Stored, delivered: u32) -> (u64, Stored, u32) {
+        (tag, message.clone(), delivered)
+    }
 
     fn stored(sequence: u64) -> Stored {
         Stored {
@@ -410,7 +402,7 @@ mod tests {
         let group = Group::new(1);
         let mut cx = Context::from_waker(Waker::noop());
         for _ in 0..3 {
-            let mut pop = pin!(group.pop(0));
+            let mut pop = pin!(group.pop(0, owned));
             assert!(pop.as_mut().poll(&mut cx).is_pending());
             assert_eq!(group.lock().waiting_consumers, 1);
         }
@@ -427,7 +419,7 @@ mod tests {
         }
         assert_eq!(group.lock().waiting_publishers, 0);
 
-        let mut pop = pin!(group.pop(0));
+        let mut pop = pin!(group.pop(0, owned));
         let Poll::Ready((_, message, delivered)) = pop.as_mut().poll(&mut cx) else {
             panic!("an entry is ready");
         };

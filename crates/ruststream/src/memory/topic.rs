@@ -6,7 +6,7 @@ use std::task::Poll;
 
 use ruststream_core::{
     AckError, Attempt, Capabilities, DeadLetters, Declaration, DelayedRedelivery, Delivery,
-    Descriptor, Metadata, Publish, Settle, SubscribeError, Subscription, Verb,
+    Descriptor, MalformedRetryCount, Metadata, Publish, Settle, SubscribeError, Subscription, Verb,
 };
 
 use super::MemoryBroker;
@@ -114,23 +114,36 @@ pub struct MemorySubscription {
 }
 
 impl MemorySubscription {
-    /// Writes a popped entry into `slot`; its tag is the receipt.
+    /// Writes a copy of a popped entry into `slot` (under the group's lock: nothing is
+    /// moved out of the group and back); its tag is the receipt. A malformed retry
+    /// count is handed back to be logged once the lock is let go.
     #[inline]
-    fn fill(&self, slot: &mut Delivery, tag: u64, message: Stored, delivered: u32) -> u64 {
-        let attempt = if self.runtime_retries {
-            let (attempt, malformed) = Attempt::from_headers(&message.headers);
-            if let Some(error) = malformed {
-                tracing::warn!(address = &*self.address, %error, "counting it as the first attempt");
-            }
-            attempt
+    fn fill(
+        &self,
+        slot: &mut Delivery,
+        tag: u64,
+        message: &Stored,
+        delivered: u32,
+    ) -> (u64, Option<MalformedRetryCount>) {
+        let (attempt, malformed) = if self.runtime_retries {
+            Attempt::from_headers(&message.headers)
         } else {
-            Attempt::from_broker(delivered)
+            (Attempt::from_broker(delivered), None)
         };
-        slot.refill(&self.address, message.payload)
-            .set_headers(message.headers)
-            .set_key(message.key)
+        slot.refill(&self.address, message.payload.clone())
+            .set_headers(message.headers.clone())
+            .set_key(message.key.clone())
             .set_metadata(Metadata::sequence(message.sequence))
             .set_attempt(attempt);
+        (tag, malformed)
+    }
+
+    /// A filled delivery's receipt, its malformed retry count (if any) logged.
+    #[inline]
+    fn filled(&self, (tag, malformed): (u64, Option<MalformedRetryCount>)) -> u64 {
+        if let Some(error) = malformed {
+            tracing::warn!(address = &*self.address, %error, "counting it as the first attempt");
+        }
         tag
     }
 
@@ -162,15 +175,19 @@ impl Subscription for MemorySubscription {
     type Receipt = u64;
 
     async fn next_into(&mut self, slot: &mut Delivery) -> Option<Result<u64, SubscribeError>> {
-        let (tag, message, delivered) = self.group.pop(self.consumer).await;
-        Some(Ok(self.fill(slot, tag, message, delivered)))
+        let filled = (self.group)
+            .pop(self.consumer, |tag, message, delivered| {
+                self.fill(slot, tag, message, delivered)
+            })
+            .await;
+        Some(Ok(self.filled(filled)))
     }
 
     fn next_now(&mut self, slot: &mut Delivery) -> Poll<Option<Result<u64, SubscribeError>>> {
-        match self.group.try_pop(self.consumer) {
-            Some((tag, message, delivered)) => {
-                Poll::Ready(Some(Ok(self.fill(slot, tag, message, delivered))))
-            }
+        match (self.group).try_pop(self.consumer, |tag, message, delivered| {
+            self.fill(slot, tag, message, delivered)
+        }) {
+            Some(filled) => Poll::Ready(Some(Ok(self.filled(filled)))),
             None => Poll::Pending,
         }
     }
