@@ -120,6 +120,12 @@ impl Queues {
     }
 }
 
+/// An entry a consumer took: its tag and its slot.
+struct Taken {
+    tag: u64,
+    index: usize,
+}
+
 /// Which count a waiter is in.
 #[derive(Clone, Copy)]
 enum Side {
@@ -222,22 +228,20 @@ impl Group {
         self.ready.notify_one();
     }
 
-    /// Takes the next ready entry, waiting for one, and hands it to `take` (its tag, the
+    /// Takes the next ready entry, waiting for one, and hands it to `fill` (its tag, the
     /// message, its deliveries so far) under the lock. Cancel safe: nothing is taken
     /// until the lock is held, and a pop dropped while it waits is no longer counted
     /// waiting.
     pub(crate) async fn pop<R>(
         &self,
         consumer: u32,
-        take: impl FnOnce(u64, &Stored, u32) -> R,
+        fill: impl FnOnce(u64, &Stored, u32) -> R,
     ) -> R {
-        let mut take = Some(take);
         loop {
             let waiting = {
                 let mut q = self.lock();
-                if let Some(taken) = Self::take(&mut q, consumer, &mut take) {
-                    drop(q);
-                    return self.taken(taken);
+                if let Some(taken) = Self::take(&mut q, consumer) {
+                    return self.taken(q, taken, fill);
                 }
                 Waiter::count(self, q, Side::Consumer)
             };
@@ -254,22 +258,16 @@ impl Group {
     pub(crate) fn try_pop<R>(
         &self,
         consumer: u32,
-        take: impl FnOnce(u64, &Stored, u32) -> R,
+        fill: impl FnOnce(u64, &Stored, u32) -> R,
     ) -> Option<R> {
         let mut q = self.lock();
-        let taken = Self::take(&mut q, consumer, &mut Some(take))?;
-        drop(q);
-        Some(self.taken(taken))
+        let taken = Self::take(&mut q, consumer)?;
+        Some(self.taken(q, taken, fill))
     }
 
-    /// The front entry, counted delivered and held unacknowledged, handed to `take`; and
-    /// whether another consumer should be told there is more.
+    /// The front entry, counted delivered and held unacknowledged.
     #[inline]
-    fn take<R>(
-        q: &mut Queues,
-        consumer: u32,
-        take: &mut Option<impl FnOnce(u64, &Stored, u32) -> R>,
-    ) -> Option<(R, bool)> {
+    fn take(q: &mut Queues, consumer: u32) -> Option<Taken> {
         let index = q.ready.pop_front()?;
         q.delivered += 1;
         let order = q.delivered;
@@ -277,22 +275,30 @@ impl Group {
         slot.generation = slot.generation.wrapping_add(1);
         slot.delivered += 1;
         slot.state = State::Unacked { consumer, order };
-        let tag = (u64::from(slot.generation) << 32) | u64::from(index);
-        let take = take.take().expect("an entry is taken once");
-        let taken = take(tag, &slot.message, slot.delivered);
-        // Another consumer waits and there is more: pass the word on.
-        let more = !q.ready.is_empty() && q.waiting_consumers > 0;
-        Some((taken, more))
+        Some(Taken {
+            tag: (u64::from(slot.generation) << 32) | u64::from(index),
+            index: index as usize,
+        })
     }
 
-    /// An entry taken (with the lock let go): another waiting consumer told when there
-    /// is more.
+    /// An entry taken: handed to `fill` under the lock, then, with the lock let go,
+    /// another waiting consumer told when there is more.
     #[inline]
-    fn taken<R>(&self, (taken, more): (R, bool)) -> R {
+    fn taken<R>(
+        &self,
+        q: MutexGuard<'_, Queues>,
+        Taken { tag, index }: Taken,
+        fill: impl FnOnce(u64, &Stored, u32) -> R,
+    ) -> R {
+        let slot = &q.slots[index];
+        let filled = fill(tag, &slot.message, slot.delivered);
+        // Another consumer waits and there is more: pass the word on.
+        let more = !q.ready.is_empty() && q.waiting_consumers > 0;
+        drop(q);
         if more {
             self.ready.notify_one();
         }
-        taken
+        filled
     }
 
     /// Done with `tag` for good.
@@ -392,6 +398,60 @@ mod tests {
             key: None,
             sequence,
         }
+    }
+
+    /// A tag names one delivery of one entry: after a requeue, a settlement or a release
+    /// the old tag finds nothing, a redelivery counts up and gets a tag of its own, and
+    /// a slot reused for a new entry does not answer to the old entry's tags.
+    #[test]
+    fn a_tag_settles_only_the_delivery_it_was_given_for() {
+        let group = Group::new(10);
+        assert!(group.try_push(&stored(1)));
+        let (first, message, delivered) = group.try_pop(0, owned).expect("ready");
+        assert_eq!((message.sequence, delivered), (1, 1));
+        assert!(group.requeue(first));
+        assert!(!group.remove(first), "requeued: the old tag is stale");
+        let (second, message, delivered) = group.try_pop(0, owned).expect("ready again");
+        assert_eq!((message.sequence, delivered), (1, 2));
+        assert_ne!(first, second);
+        assert!(group.remove(second));
+        assert!(!group.remove(second), "settled once only");
+        assert!(group.is_idle());
+
+        // The freed slot holds the next entry; the old tags do not reach it.
+        assert!(group.try_push(&stored(2)));
+        let (third, message, delivered) = group.try_pop(0, owned).expect("ready");
+        assert_eq!((message.sequence, delivered), (2, 1));
+        assert!(!group.requeue(first) && !group.remove(second));
+        assert_eq!(group.depth(), 1);
+        assert!(group.remove(third));
+        assert_eq!(group.depth(), 0);
+    }
+
+    /// A closing consumer's entries go back in the order they went out, ahead of what was
+    /// ready, and its tags go stale; another consumer's stay with it.
+    #[test]
+    fn a_release_puts_back_only_the_consumers_entries_in_delivery_order() {
+        let group = Group::new(10);
+        for sequence in 1..=4 {
+            assert!(group.try_push(&stored(sequence)));
+        }
+        let (a, ..) = group.try_pop(0, owned).expect("1");
+        let (b, ..) = group.try_pop(1, owned).expect("2");
+        let (c, ..) = group.try_pop(0, owned).expect("3");
+        group.release(0);
+        assert!(!group.remove(a) && !group.remove(c), "released: stale");
+        let order: Vec<(u64, u32)> = (0..3)
+            .map(|_| {
+                let (_, message, delivered) = group.try_pop(2, owned).expect("ready");
+                (message.sequence, delivered)
+            })
+            .collect();
+        assert_eq!(order, [(1, 2), (3, 2), (4, 1)]);
+        assert!(
+            group.remove(b),
+            "the other consumer's delivery is still its own"
+        );
     }
 
     /// A fetch given up while it waits (the driver drops one whenever something else
