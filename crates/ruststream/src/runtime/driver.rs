@@ -19,7 +19,7 @@ use tokio::time::{Instant, sleep_until};
 
 use super::lanes::{Finished, Lanes as LaneSet};
 use super::quiet::ErrorRun;
-use super::shared::{Done, Fate, Job, Shared};
+use super::shared::{DelayedCopy, Done, Fate, Job, Shared};
 use super::{copy, lane};
 use crate::extract::Incoming;
 use crate::middleware::Service;
@@ -744,11 +744,12 @@ async fn apply<Sub: Subscription, S: Service>(
             settle_one(subscription, shared, receipt, settle, settle_errors).await;
         }
         Fate::HandedBack => shared.end(),
-        Fate::Delayed {
-            incoming,
-            copy,
-            settle,
-        } => {
+        Fate::Delayed(delayed) => {
+            let DelayedCopy {
+                incoming,
+                copy,
+                settle,
+            } = *delayed;
             subscription.parked(&receipt);
             let shared = Arc::clone(shared);
             let mut mode = timers.rx.clone();

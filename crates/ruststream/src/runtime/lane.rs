@@ -8,7 +8,7 @@ use std::task::Poll;
 use super::copy;
 use super::lanes::Finished;
 use super::mount::Handled;
-use super::shared::{Fate, Shared};
+use super::shared::{DelayedCopy, Fate, Shared};
 use super::unwind::{CatchUnwind, Caught};
 use crate::backoff::RERUN_FLOOR;
 use crate::extract::Incoming;
@@ -30,7 +30,29 @@ pub(crate) async fn handle<S: Service>(
     let mut reruns = 0;
     loop {
         let called = shared.metrics.as_ref().map(Instruments::now);
-        let (completion, report) = call(shared, &incoming).await;
+        // The handler, within its deadline (G1), its panics caught (E2). Written out here,
+        // not as a function of its own: one future nested in another less per delivery.
+        let (completion, report) = {
+            // A panic while extracting or while polling both count. The extraction runs
+            // in the first poll, so one catch covers both (each catch costs thread-local
+            // round trips).
+            let mut future = pin!(CatchUnwind(pin!(async {
+                shared.service.call(&incoming).await
+            })));
+            // Most handlers finish in their first poll: no timer for them (the deadline
+            // then counts from the second poll, a negligible difference).
+            let first = poll_fn(|cx| Poll::Ready(future.as_mut().poll(cx))).await;
+            let result = match first {
+                Poll::Ready(result) => Ok(result),
+                // Dropping the timed-out future cancels the handler.
+                Poll::Pending => tokio::time::timeout(shared.deadline, future).await,
+            };
+            match result {
+                Ok(Ok(completion)) => (completion, None),
+                Ok(Err(Caught { message, report })) => (Completion::Panicked(message), report),
+                Err(_) => (Completion::TimedOut(shared.deadline), None),
+            }
+        };
         if let Some(settle) = settled_as_planned(shared, incoming.delivery(), &completion) {
             return (Fate::Settle(settle), Some(incoming));
         }
@@ -55,11 +77,11 @@ pub(crate) async fn handle<S: Service>(
             Some(c) => {
                 // Kept for the delay: its headers read now, the client's record let go.
                 incoming.delivery_mut().own_deferred();
-                let delayed = Fate::Delayed {
+                let delayed = Fate::Delayed(Box::new(DelayedCopy {
                     incoming,
                     copy: c,
                     settle: plan.settle,
-                };
+                }));
                 return (delayed, None);
             }
         };
@@ -104,31 +126,6 @@ fn settled_as_planned<S>(
         report_unsupported(shared, delivery, completion, plan, error);
     }
     Some(plan.settle)
-}
-
-/// Runs the handler within its deadline (G1), catching its panics (E2).
-async fn call<S: Service>(
-    shared: &Shared<S>,
-    incoming: &Incoming,
-) -> (Completion, Option<Box<super::unwind::Report>>) {
-    // A panic while extracting or while polling both count. The extraction runs in the
-    // first poll, so one catch covers both (each catch costs thread-local round trips).
-    let mut future = pin!(CatchUnwind(pin!(async {
-        shared.service.call(incoming).await
-    })));
-    // Most handlers finish in their first poll: no timer for them (the deadline then
-    // counts from the second poll, a negligible difference).
-    let first = poll_fn(|cx| Poll::Ready(future.as_mut().poll(cx))).await;
-    let result = match first {
-        Poll::Ready(result) => Ok(result),
-        // Dropping the timed-out future cancels the handler.
-        Poll::Pending => tokio::time::timeout(shared.deadline, future).await,
-    };
-    match result {
-        Ok(Ok(completion)) => (completion, None),
-        Ok(Err(Caught { message, report })) => (Completion::Panicked(message), report),
-        Err(_) => (Completion::TimedOut(shared.deadline), None),
-    }
 }
 
 fn decide<S>(
