@@ -122,7 +122,11 @@ fn settled_as_planned<S>(
         OutcomeKind::Drop => &shared.planned.drop,
         OutcomeKind::Retry { .. } => return None,
     };
-    if let Some(error) = &plan.error {
+    // Logged at debug level when it is expected (a Core NATS ack: SPEC N2), so the call
+    // is skipped while that level is off everywhere.
+    if let Some(error) = &plan.error
+        && (plan.settle != Settle::Nothing || tracing::level_enabled!(tracing::Level::DEBUG))
+    {
         report_unsupported(shared, delivery, completion, plan, error);
     }
     Some(plan.settle)
