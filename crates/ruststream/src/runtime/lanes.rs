@@ -33,8 +33,10 @@ pub(crate) type Finished = (Fate, Option<Box<Incoming>>);
 
 pub(crate) struct Lanes<R, F, St> {
     start: St,
+    /// Each lane's last delivery's future: running while the lane has its receipt,
+    /// finished (holding nothing) otherwise, until the next start replaces it.
     running: Vec<Pin<Box<Option<F>>>>,
-    /// The receipt of each lane's running delivery: there exactly while its future is.
+    /// The receipt of each lane's running delivery: what says a lane runs one.
     receipts: Vec<Option<R>>,
     queues: Vec<VecDeque<Job<R>>>,
     /// Lanes with a delivery running.
@@ -111,7 +113,7 @@ where
     /// Whether `lane` runs nothing: a job offered to it starts at once.
     #[inline]
     pub(crate) fn is_free(&self, lane: usize) -> bool {
-        self.running[lane].is_none()
+        self.receipts[lane].is_none()
     }
 
     /// The receipt of the delivery `lane` runs.
@@ -122,7 +124,7 @@ where
 
     /// Starts `job` on `lane` or queues it there when it has room; hands it back when not.
     pub(crate) fn offer(&mut self, lane: usize, job: Job<R>) -> Option<Job<R>> {
-        if self.running[lane].is_none() {
+        if self.receipts[lane].is_none() {
             self.start(lane, job);
             None
         } else if self.queues[lane].len() < LANE_QUEUE {
@@ -147,7 +149,7 @@ where
 
     /// Whether `lane` would take a job now.
     fn has_room(&self, lane: usize) -> bool {
-        self.running[lane].is_none() || self.queues[lane].len() < LANE_QUEUE
+        self.receipts[lane].is_none() || self.queues[lane].len() < LANE_QUEUE
     }
 
     /// Queues `job` whatever the room (a fetched delivery at stop, so it still runs).
@@ -192,11 +194,15 @@ where
     /// returned, and the lane has already started the next one it holds.
     #[inline]
     pub(crate) fn poll_lane(&mut self, lane: usize, cx: &mut Context<'_>) -> Poll<Done<R>> {
+        if self.receipts[lane].is_none() {
+            return Poll::Pending;
+        }
         let Some(future) = self.running[lane].as_mut().as_pin_mut() else {
             return Poll::Pending;
         };
         let (fate, spare) = std::task::ready!(future.poll(cx));
-        self.running[lane].set(None);
+        // The finished future stays until the next start replaces it: it holds nothing
+        // now (its box came back above), and dropping it twice costs twice.
         let receipt = self.receipts[lane]
             .take()
             .expect("a lane keeps the receipt of the delivery it runs");
