@@ -120,6 +120,19 @@ impl Queues {
     }
 }
 
+/// A delivery a consumer finished with (acked or dropped) and has not yet removed: it
+/// goes with the consumer's next pop, under the same lock (one lock round trip per
+/// delivery instead of two). After the removal, the tag when it named no outstanding
+/// delivery.
+#[derive(Debug, Default)]
+pub(crate) struct Settled(pub(crate) Option<u64>);
+
+impl Settled {
+    fn take(&mut self) -> Self {
+        Self(self.0.take())
+    }
+}
+
 /// An entry a consumer took: its tag and its slot.
 struct Taken {
     tag: u64,
@@ -229,21 +242,26 @@ impl Group {
     }
 
     /// Takes the next ready entry, waiting for one, and hands it to `fill` (its tag, the
-    /// message, its deliveries so far) under the lock. Cancel safe: nothing is taken
-    /// until the lock is held, and a pop dropped while it waits is no longer counted
-    /// waiting.
+    /// message, its deliveries so far) under the lock; `done`, an entry the consumer
+    /// finished with (`Settled`), is removed under the same lock first. Cancel safe:
+    /// nothing is taken or removed until the lock is held, and a pop dropped while it
+    /// waits is no longer counted waiting.
     pub(crate) async fn pop<R>(
         &self,
         consumer: u32,
+        mut done: Settled,
         fill: impl FnOnce(u64, &Stored, u32) -> R,
-    ) -> R {
+    ) -> (R, Settled) {
         loop {
             let waiting = {
                 let mut q = self.lock();
+                let (room, stale) = Self::finish(&mut q, done.take());
                 if let Some(taken) = Self::take(&mut q, consumer) {
-                    return self.taken(q, taken, fill);
+                    return (self.taken(q, taken, room, fill), stale);
                 }
-                Waiter::count(self, q, Side::Consumer)
+                let waiting = Waiter::count(self, q, Side::Consumer);
+                self.tell_room(room);
+                waiting
             };
             // Made only when the queue was empty. Every wake-up here is a `notify_one`,
             // which leaves a permit when nobody waits yet, so one given between the
@@ -253,16 +271,22 @@ impl Group {
         }
     }
 
-    /// Like `pop`, if an entry is ready now.
+    /// Like `pop`, if an entry is ready now (`done` is removed either way).
     #[inline]
     pub(crate) fn try_pop<R>(
         &self,
         consumer: u32,
+        done: Settled,
         fill: impl FnOnce(u64, &Stored, u32) -> R,
-    ) -> Option<R> {
+    ) -> (Option<R>, Settled) {
         let mut q = self.lock();
-        let taken = Self::take(&mut q, consumer)?;
-        Some(self.taken(q, taken, fill))
+        let (room, stale) = Self::finish(&mut q, done);
+        let Some(taken) = Self::take(&mut q, consumer) else {
+            drop(q);
+            self.tell_room(room);
+            return (None, stale);
+        };
+        (Some(self.taken(q, taken, room, fill)), stale)
     }
 
     /// The front entry, counted delivered and held unacknowledged.
@@ -282,12 +306,14 @@ impl Group {
     }
 
     /// An entry taken: handed to `fill` under the lock, then, with the lock let go,
-    /// another waiting consumer told when there is more.
+    /// another waiting consumer told when there is more, and waiting publishers when
+    /// `room` says an entry was removed for them.
     #[inline]
     fn taken<R>(
         &self,
         q: MutexGuard<'_, Queues>,
         Taken { tag, index }: Taken,
+        room: bool,
         fill: impl FnOnce(u64, &Stored, u32) -> R,
     ) -> R {
         let slot = &q.slots[index];
@@ -298,22 +324,40 @@ impl Group {
         if more {
             self.ready.notify_one();
         }
+        self.tell_room(room);
         filled
+    }
+
+    /// Removes `done`'s entry for good, if there is one: whether publishers wait for the
+    /// room it made, and the tag back when it named no outstanding delivery.
+    #[inline]
+    fn finish(q: &mut Queues, done: Settled) -> (bool, Settled) {
+        let Some(tag) = done.0 else {
+            return (false, Settled(None));
+        };
+        let Some(index) = q.unacked_at(tag) else {
+            return (false, Settled(Some(tag)));
+        };
+        q.free(index);
+        (q.waiting_publishers > 0, Settled(None))
+    }
+
+    /// Wakes the publishers waiting for room when an entry was removed for them (with
+    /// the lock let go).
+    #[inline]
+    fn tell_room(&self, room: bool) {
+        if room {
+            self.room.notify_waiters();
+        }
     }
 
     /// Done with `tag` for good.
     pub(crate) fn remove(&self, tag: u64) -> bool {
         let mut q = self.lock();
-        let Some(index) = q.unacked_at(tag) else {
-            return false;
-        };
-        q.free(index);
-        let waiting = q.waiting_publishers > 0;
+        let (room, stale) = Self::finish(&mut q, Settled(Some(tag)));
         drop(q);
-        if waiting {
-            self.room.notify_waiters();
-        }
-        true
+        self.tell_room(room);
+        stale.0.is_none()
     }
 
     /// Puts `tag` back at the front: delivered again before anything fetched later.
@@ -385,10 +429,14 @@ mod tests {
 
     use bytes::Bytes;
 
-    use super::{Group, Stored};
+    use super::{Group, Settled, Stored};
 
     fn owned(tag: u64, message: &Stored, delivered: u32) -> (u64, Stored, u32) {
         (tag, message.clone(), delivered)
+    }
+
+    fn pop_now(group: &Group, consumer: u32) -> Option<(u64, Stored, u32)> {
+        group.try_pop(consumer, Settled::default(), owned).0
     }
 
     fn stored(sequence: u64) -> Stored {
@@ -407,11 +455,11 @@ mod tests {
     fn a_tag_settles_only_the_delivery_it_was_given_for() {
         let group = Group::new(10);
         assert!(group.try_push(&stored(1)));
-        let (first, message, delivered) = group.try_pop(0, owned).expect("ready");
+        let (first, message, delivered) = pop_now(&group, 0).expect("ready");
         assert_eq!((message.sequence, delivered), (1, 1));
         assert!(group.requeue(first));
         assert!(!group.remove(first), "requeued: the old tag is stale");
-        let (second, message, delivered) = group.try_pop(0, owned).expect("ready again");
+        let (second, message, delivered) = pop_now(&group, 0).expect("ready again");
         assert_eq!((message.sequence, delivered), (1, 2));
         assert_ne!(first, second);
         assert!(group.remove(second));
@@ -420,7 +468,7 @@ mod tests {
 
         // The freed slot holds the next entry; the old tags do not reach it.
         assert!(group.try_push(&stored(2)));
-        let (third, message, delivered) = group.try_pop(0, owned).expect("ready");
+        let (third, message, delivered) = pop_now(&group, 0).expect("ready");
         assert_eq!((message.sequence, delivered), (2, 1));
         assert!(!group.requeue(first) && !group.remove(second));
         assert_eq!(group.depth(), 1);
@@ -436,14 +484,14 @@ mod tests {
         for sequence in 1..=4 {
             assert!(group.try_push(&stored(sequence)));
         }
-        let (a, ..) = group.try_pop(0, owned).expect("1");
-        let (b, ..) = group.try_pop(1, owned).expect("2");
-        let (c, ..) = group.try_pop(0, owned).expect("3");
+        let (a, ..) = pop_now(&group, 0).expect("1");
+        let (b, ..) = pop_now(&group, 1).expect("2");
+        let (c, ..) = pop_now(&group, 0).expect("3");
         group.release(0);
         assert!(!group.remove(a) && !group.remove(c), "released: stale");
         let order: Vec<(u64, u32)> = (0..3)
             .map(|_| {
-                let (_, message, delivered) = group.try_pop(2, owned).expect("ready");
+                let (_, message, delivered) = pop_now(&group, 2).expect("ready");
                 (message.sequence, delivered)
             })
             .collect();
@@ -462,7 +510,7 @@ mod tests {
         let group = Group::new(1);
         let mut cx = Context::from_waker(Waker::noop());
         for _ in 0..3 {
-            let mut pop = pin!(group.pop(0, owned));
+            let mut pop = pin!(group.pop(0, Settled::default(), owned));
             assert!(pop.as_mut().poll(&mut cx).is_pending());
             assert_eq!(group.lock().waiting_consumers, 1);
         }
@@ -479,10 +527,42 @@ mod tests {
         }
         assert_eq!(group.lock().waiting_publishers, 0);
 
-        let mut pop = pin!(group.pop(0, owned));
-        let Poll::Ready((_, message, delivered)) = pop.as_mut().poll(&mut cx) else {
+        let mut pop = pin!(group.pop(0, Settled::default(), owned));
+        let Poll::Ready(((_, message, delivered), _)) = pop.as_mut().poll(&mut cx) else {
             panic!("an entry is ready");
         };
         assert_eq!((message.sequence, delivered), (1, 1));
+    }
+
+    /// A delivery finished with goes with the consumer's next pop: removed under its
+    /// lock whether or not an entry is ready, waiting publishers woken for its room,
+    /// and its tag handed back when it named no outstanding delivery.
+    #[test]
+    fn a_settled_tag_is_removed_with_the_next_pop() {
+        let group = Group::new(1);
+        let mut cx = Context::from_waker(Waker::noop());
+        assert!(group.try_push(&stored(1)));
+        let (first, ..) = pop_now(&group, 0).expect("ready");
+        let mut push = pin!(group.push(stored(2)));
+        assert!(
+            push.as_mut().poll(&mut cx).is_pending(),
+            "the group is full"
+        );
+
+        let (nothing, stale) = group.try_pop(0, Settled(Some(first)), owned);
+        assert!(nothing.is_none(), "the second entry waits for room");
+        assert!(stale.0.is_none(), "removed");
+        assert_eq!(group.depth(), 0);
+        assert!(
+            push.as_mut().poll(&mut cx).is_ready(),
+            "the publisher was woken"
+        );
+
+        let (second, ..) = pop_now(&group, 0).expect("published");
+        let mut pop = pin!(group.pop(0, Settled(Some(second)), owned));
+        assert!(pop.as_mut().poll(&mut cx).is_pending(), "nothing ready");
+        assert!(group.is_idle(), "removed before the pop waited");
+        let (_, stale) = group.try_pop(0, Settled(Some(second)), owned);
+        assert_eq!(stale.0, Some(second), "settled once only");
     }
 }

@@ -7,6 +7,12 @@
 //! `capacity` unfinished messages. Messages published to an address before any group
 //! exists wait there for the first group.
 //!
+//! An ack or drop the runtime makes is applied with the subscription's next fetch (one
+//! lock instead of two per message). That fetch follows at once unless the subscription
+//! is at its in-flight bound with every delivery still running; closing applies it too.
+//! Until then the message counts as unfinished ([`MemoryBroker::depth`],
+//! [`MemoryBroker::is_idle`]).
+//!
 //! [`MemoryTopic::runtime_retries`] turns the native count and delay off, so the
 //! runtime's copy path (the `x-ruststream-retry-count` header) runs as on Kafka.
 
