@@ -438,6 +438,7 @@ impl StopSignal {
     }
 
     /// Whether a stop came, looking only when the probe says the signal changed.
+    #[inline]
     fn changed_to_stop(&mut self, cx: &mut Context<'_>) -> bool {
         if !self.probe.has_changed().unwrap_or(true) {
             return false;
