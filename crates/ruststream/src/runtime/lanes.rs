@@ -93,11 +93,19 @@ where
 
     /// A box for the next fetch to write its delivery into: a spare one when there is
     /// one (its last delivery is overwritten there), a new one otherwise.
+    #[inline]
     pub(crate) fn slot(&mut self) -> Box<Incoming> {
-        self.spare.pop().unwrap_or_else(|| {
-            let context = Arc::clone(&self.context);
-            Box::new(Incoming::new(Delivery::empty(), context))
-        })
+        match self.spare.pop() {
+            Some(spare) => spare,
+            None => self.new_slot(),
+        }
+    }
+
+    /// A new box, while the lanes have not yet handed back as many as they hold.
+    #[cold]
+    fn new_slot(&self) -> Box<Incoming> {
+        let context = Arc::clone(&self.context);
+        Box::new(Incoming::new(Delivery::empty(), context))
     }
 
     /// A job for the delivery the fetch wrote into `slot`, which gets the next box.
@@ -123,6 +131,7 @@ where
     }
 
     /// Starts `job` on `lane` or queues it there when it has room; hands it back when not.
+    #[inline(always)]
     pub(crate) fn offer(&mut self, lane: usize, job: Job<R>) -> Option<Job<R>> {
         if self.receipts[lane].is_none() {
             self.start(lane, job);
