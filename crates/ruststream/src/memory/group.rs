@@ -102,6 +102,7 @@ impl Queues {
     }
 
     /// Done with the entry in `index` for good: its message dropped, its slot free.
+    #[inline]
     fn free(&mut self, index: usize) {
         let slot = &mut self.slots[index];
         slot.message = Stored::default();

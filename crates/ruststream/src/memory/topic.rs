@@ -171,7 +171,15 @@ impl MemorySubscription {
     }
 
     /// Removes the ack or drop `settle_now` left for the next fetch, now.
+    #[inline]
     fn flush_settled(&mut self) {
+        if self.settled.0.is_some() {
+            self.flush_settled_now();
+        }
+    }
+
+    #[cold]
+    fn flush_settled_now(&mut self) {
         if let Some(tag) = self.settled.0.take() {
             let removed = self.group.remove(tag);
             self.stale(Settled((!removed).then_some(tag)));
@@ -245,6 +253,7 @@ impl Subscription for MemorySubscription {
 
     /// The queue's settlement waits for nothing. An ack or drop is removed with the next
     /// fetch (it cannot fail while the subscription is open: see `stale`).
+    #[inline]
     fn settle_now(&mut self, tag: u64, settle: Settle) -> ControlFlow<Result<(), AckError>, u64> {
         if matches!(settle, Settle::Ack | Settle::Drop) {
             self.flush_settled();
