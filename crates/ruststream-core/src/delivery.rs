@@ -432,6 +432,32 @@ impl Delivery {
         self
     }
 
+    /// [`refill`](Delivery::refill) with the headers, key, metadata and attempt given
+    /// at once: each field is written once (a transport that has them all, such as the
+    /// memory broker, saves the second write and drop of each).
+    #[inline]
+    pub fn refill_with(
+        &mut self,
+        address: &Arc<str>,
+        payload: Bytes,
+        headers: Headers,
+        key: Option<Bytes>,
+        metadata: Metadata,
+        attempt: Attempt,
+    ) -> &mut Self {
+        self.discard_deferred();
+        self.payload = payload;
+        self.headers = headers;
+        self.key = key;
+        if !Arc::ptr_eq(&self.address, address) {
+            self.address = Arc::clone(address);
+        }
+        self.metadata = metadata;
+        self.attempt = attempt;
+        self.reply_to = None;
+        self
+    }
+
     /// Sets the headers in place.
     #[inline]
     pub fn set_headers(&mut self, headers: Headers) -> &mut Self {
@@ -876,6 +902,27 @@ mod tests {
         delivery.refill(&Arc::from("orders"), Bytes::from_static(b"new"));
         assert_eq!(Arc::strong_count(&alive), 1);
         assert_eq!(delivery.payload_slice(), b"new");
+        // Refilled whole: the same, every field the next message's.
+        let (mut delivery, alive) = whole(b"old");
+        delivery.set_reply_to(Some(Arc::from("inbox")));
+        let mut headers = Headers::new();
+        headers.insert("k", "v");
+        delivery.refill_with(
+            &Arc::from("orders"),
+            Bytes::from_static(b"new"),
+            headers.clone(),
+            Some(Bytes::from_static(b"key")),
+            Metadata::sequence(9),
+            Attempt::from_broker(3),
+        );
+        assert_eq!(Arc::strong_count(&alive), 1, "the old source let go");
+        assert_eq!(delivery.payload_slice(), b"new");
+        assert_eq!(delivery.headers(), &headers);
+        assert_eq!(delivery.key().map(|k| &k[..]), Some(&b"key"[..]));
+        assert_eq!(delivery.metadata(), &Metadata::sequence(9));
+        assert_eq!(delivery.attempt().number(), 3);
+        assert_eq!(delivery.reply_to(), None, "not the old message's");
+        assert_eq!(delivery.address(), "orders");
     }
 
     fn box_of(delivery: &Delivery) -> Option<*const ()> {

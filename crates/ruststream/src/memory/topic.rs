@@ -135,11 +135,14 @@ impl MemorySubscription {
         } else {
             (Attempt::from_broker(delivered), None)
         };
-        slot.refill(&self.address, message.payload.clone())
-            .set_headers(message.headers.clone())
-            .set_key(message.key.clone())
-            .set_metadata(Metadata::sequence(message.sequence))
-            .set_attempt(attempt);
+        slot.refill_with(
+            &self.address,
+            message.payload.clone(),
+            message.headers.clone(),
+            message.key.clone(),
+            Metadata::sequence(message.sequence),
+            attempt,
+        );
         (tag, malformed)
     }
 
