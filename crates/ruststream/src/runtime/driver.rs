@@ -292,7 +292,7 @@ where
                 Some(Err(error)) => return Poll::Ready(Some(Event::FetchFailed(error))),
                 None => return Poll::Ready(Some(Event::Ended)),
             };
-            let Some(done) = self.fetched(receipt, cx) else {
+            let Some(done) = self.fetched_while_idle(receipt, cx) else {
                 return Poll::Ready(None);
             };
             if let Some(done) = self.settle_at_once(done) {
@@ -330,6 +330,29 @@ where
             return None;
         };
         self.set.start_waiting(&mut self.pending);
+        Some(done)
+    }
+
+    /// `fetched` in the pump, where every lane is free and nothing waits for one: the
+    /// delivery starts on its lane without an offer.
+    #[inline(always)]
+    fn fetched_while_idle(
+        &mut self,
+        receipt: Sub::Receipt,
+        cx: &mut Context<'_>,
+    ) -> Option<Done<Sub::Receipt>> {
+        if self.fetch_errors.succeeded() {
+            self.shared.health.fetch_failed(false);
+        }
+        let job = self.set.job(&mut self.slot, receipt);
+        let lane = count_in(self.shared, &mut self.picker, &job);
+        self.set.start_free(lane, job);
+        let Poll::Ready(done) = self.set.poll_lane(lane, cx) else {
+            if let Some(receipt) = self.set.receipt(lane) {
+                self.subscription.running_on(receipt);
+            }
+            return None;
+        };
         Some(done)
     }
 
@@ -661,20 +684,26 @@ where
     F: Future<Output = Finished>,
     St: Fn(Box<Incoming>) -> F,
 {
-    if let Some(metrics) = &shared.metrics {
-        metrics.deliveries.inc();
-    }
-    shared.begin();
-    let lane = pick_lane(
-        job.incoming.delivery(),
-        &picker.lanes,
-        &mut picker.round_robin,
-    );
+    let lane = count_in(shared, picker, &job);
     let started = set.is_free(lane);
     if !started {
         subscription.running_on(&job.receipt);
     }
     (lane, started, set.offer(lane, job).map(|job| (lane, job)))
+}
+
+/// A fetched delivery counted in flight: the lane it goes to.
+#[inline(always)]
+fn count_in<S, R>(shared: &Shared<S>, picker: &mut Picker, job: &Job<R>) -> usize {
+    if let Some(metrics) = &shared.metrics {
+        metrics.deliveries.inc();
+    }
+    shared.begin();
+    pick_lane(
+        job.incoming.delivery(),
+        &picker.lanes,
+        &mut picker.round_robin,
+    )
 }
 
 /// The lane a delivery goes to: the only one, mostly (no call then).

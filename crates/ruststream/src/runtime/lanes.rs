@@ -168,6 +168,13 @@ where
         }
     }
 
+    /// Starts `job` on `lane`, which runs nothing (the pump's case: every lane free).
+    #[inline(always)]
+    pub(crate) fn start_free(&mut self, lane: usize, job: Job<R>) {
+        debug_assert!(self.is_free(lane), "a lane runs one delivery at a time");
+        self.start(lane, job);
+    }
+
     #[inline]
     fn start(&mut self, lane: usize, job: Job<R>) {
         self.receipts[lane] = Some(job.receipt);
