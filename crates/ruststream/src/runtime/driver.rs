@@ -309,10 +309,7 @@ where
         receipt: Sub::Receipt,
         cx: &mut Context<'_>,
     ) -> Option<Done<Sub::Receipt>> {
-        if self.fetch_errors.succeeded() {
-            self.shared.health.fetch_failed(false);
-        }
-        let job = self.set.job(&mut self.slot, receipt);
+        let job = self.job(receipt);
         let (lane, started);
         (lane, started, self.pending) = accept(
             self.shared,
@@ -321,14 +318,7 @@ where
             &mut self.picker,
             job,
         );
-        // Most handlers finish in their first poll: settled in this same pass.
-        let Poll::Ready(done) = self.set.poll_lane(lane, cx) else {
-            // The one just started runs on (one that waits was told in `accept`).
-            if started && let Some(receipt) = self.set.receipt(lane) {
-                self.subscription.running_on(receipt);
-            }
-            return None;
-        };
+        let done = self.first_poll(lane, started, cx)?;
         self.set.start_waiting(&mut self.pending);
         Some(done)
     }
@@ -341,14 +331,35 @@ where
         receipt: Sub::Receipt,
         cx: &mut Context<'_>,
     ) -> Option<Done<Sub::Receipt>> {
+        let job = self.job(receipt);
+        let lane = count_in(self.shared, &mut self.picker, &job);
+        self.set.start_free(lane, job);
+        self.first_poll(lane, true, cx)
+    }
+
+    /// The delivery the fetch wrote into the slot, as a job (a fetch that works again
+    /// after failures is told).
+    #[inline(always)]
+    fn job(&mut self, receipt: Sub::Receipt) -> Job<Sub::Receipt> {
         if self.fetch_errors.succeeded() {
             self.shared.health.fetch_failed(false);
         }
-        let job = self.set.job(&mut self.slot, receipt);
-        let lane = count_in(self.shared, &mut self.picker, &job);
-        self.set.start_free(lane, job);
+        self.set.job(&mut self.slot, receipt)
+    }
+
+    /// The first poll of the lane a delivery was just given to (`started`: it runs there
+    /// now): what it came to when done at once. Most handlers finish in their first
+    /// poll, settled in this same pass; one that runs on is told to the subscription
+    /// (one that waits was told in `accept`).
+    #[inline(always)]
+    fn first_poll(
+        &mut self,
+        lane: usize,
+        started: bool,
+        cx: &mut Context<'_>,
+    ) -> Option<Done<Sub::Receipt>> {
         let Poll::Ready(done) = self.set.poll_lane(lane, cx) else {
-            if let Some(receipt) = self.set.receipt(lane) {
+            if started && let Some(receipt) = self.set.receipt(lane) {
                 self.subscription.running_on(receipt);
             }
             return None;
