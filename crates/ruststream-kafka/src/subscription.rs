@@ -17,6 +17,7 @@ use ruststream_core::{
     AckError, AddressNames, Attempt, Backlog, BacklogProbe, Cause, Delivery, HeaderSource, Headers,
     LinkProbe, Metadata, Settle, SubscribeError, Subscription,
 };
+use yoke::Yoke;
 
 use crate::book::Book;
 use crate::close::off_runtime;
@@ -31,31 +32,35 @@ type Consumer_ = Arc<StreamConsumer<TrackingContext>>;
 /// paused yet) before it stops polling: a pause that does not hold cannot grow memory.
 const EARLY_LIMIT: usize = 64;
 
-type Borrowed<'c> = BorrowedMessage<'c>;
+/// A record borrowed from its consumer, in a form [`Yoke`] can keep beside (a handle on)
+/// that consumer.
+#[derive(yoke::Yokeable)]
+struct Borrowed<'c>(BorrowedMessage<'c>);
 
-self_cell::self_cell!(
-    /// A record kept with (a handle on) the consumer it borrows, so it can outlive the
-    /// poll that gave it: its headers are read from it only if someone asks for them
-    /// (librdkafka parses a record's header section on first access, allocating a buffer
-    /// even for none: most records' handlers never ask), and its payload is decoded in
-    /// place (copied only if someone asks for the bytes). A delivery holds it until its
-    /// handler is done; the runtime then lets go of it, so no more records (and the fetch
-    /// buffers they share) are held than deliveries run.
-    struct Record {
-        owner: Consumer_,
-        #[covariant]
-        dependent: Borrowed,
+/// A record kept with (a handle on) the consumer it borrows, so it can outlive the poll
+/// that gave it: its headers are read from it only if someone asks for them (librdkafka
+/// parses a record's header section on first access, allocating a buffer even for none:
+/// most records' handlers never ask), and its payload is decoded in place (copied only if
+/// someone asks for the bytes). A delivery holds it until its handler is done; the runtime
+/// then lets go of it, so no more records (and the fetch buffers they share) are held than
+/// deliveries run. The record and the handle sit side by side (no box of their own): the
+/// delivery keeps them in the box it reuses for every record.
+struct Record(Yoke<Borrowed<'static>, Consumer_>);
+
+impl Record {
+    fn message(&self) -> &BorrowedMessage<'_> {
+        &self.0.get().0
     }
-);
+}
 
 impl HeaderSource for Record {
     fn read(&self) -> Headers {
-        headers_of(self.borrow_dependent())
+        headers_of(self.message())
     }
 
     /// Decoded in place, copied only if someone asks for the `Bytes`.
     fn payload(&self) -> Option<&[u8]> {
-        Some(self.borrow_dependent().payload().unwrap_or_default())
+        Some(self.message().payload().unwrap_or_default())
     }
 }
 
@@ -85,10 +90,10 @@ enum NotNow {
 
 /// The next record in the client's queue, if one is there now (no waiting).
 #[inline]
-fn record_now(consumer: &Consumer_) -> Result<BorrowedMessage<'_>, NotNow> {
+fn record_now(consumer: &StreamConsumer<TrackingContext>) -> Result<Borrowed<'_>, NotNow> {
     let mut recv = pin!(consumer.recv());
     match recv.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
-        Poll::Ready(Ok(message)) => Ok(message),
+        Poll::Ready(Ok(message)) => Ok(Borrowed(message)),
         Poll::Ready(Err(e)) => Err(NotNow::Failed(e)),
         Poll::Pending => Err(NotNow::Empty),
     }
@@ -261,12 +266,7 @@ impl KafkaSubscription {
     /// its payload is decoded where it is (copied only if someone asks for the bytes).
     #[inline]
     fn held_over(&mut self, record: Record, slot: &mut Delivery) -> KafkaReceipt {
-        let receipt = self.taken(
-            record.borrow_owner(),
-            record.borrow_dependent(),
-            slot,
-            false,
-        );
+        let receipt = self.taken(record.0.backing_cart(), record.message(), slot, false);
         slot.set_headers_from(record);
         receipt
     }
@@ -503,8 +503,9 @@ impl Subscription for KafkaSubscription {
         }
         // The handle cloned above becomes the record's.
         self.book.forget_moved_partitions();
-        match Record::try_new(consumer, record_now) {
+        match Yoke::<Borrowed<'static>, _>::try_attach_to_cart(consumer, record_now) {
             Ok(record) => {
+                let record = Record(record);
                 // Polling may have run a rebalance: forgotten before it is booked.
                 self.book.forget_moved_partitions();
                 Poll::Ready(Some(Ok(self.held_over(record, slot))))
