@@ -1,7 +1,9 @@
 # RabbitMQ (Debian's rabbitmq-server 3.10) on 127.0.0.1 for the RabbitMQ tests (sourced
 # by scripts/test). Installed with apt-get when missing, run as a plain process with a
-# node name, ports and directories of its own under .brokers/rabbitmq. Point the tests at
-# another broker with RUSTSTREAM_RABBITMQ_URL; nothing is started then.
+# node name, ports and directories of its own under /tmp/ruststream-rabbitmq-<port>
+# (Debian's wrapper runs the server as the rabbitmq user, which cannot reach into a
+# checkout under a mode-700 folder such as root's home or a `mktemp -d`). Point the tests
+# at another broker with RUSTSTREAM_RABBITMQ_URL; nothing is started then.
 source scripts/brokers/lib.sh
 # Whether the broker on port $1 answers the AMQP 0-9-1 header with a method frame.
 speaks_amqp() {
@@ -17,11 +19,12 @@ if [ -z "${RUSTSTREAM_RABBITMQ_URL:-}" ]; then
   install_from_debian rabbitmq-server rabbitmq-server || return 1
   rabbitmq_port=${RUSTSTREAM_RABBITMQ_PORT:-15673}
   if ! listening "$rabbitmq_port"; then
-    base=$PWD/.brokers/rabbitmq
+    base=/tmp/ruststream-rabbitmq-$rabbitmq_port
     # A fresh broker each start: the tests' durable queues (hundreds of quorum queues per
     # run) would otherwise all be recovered at boot and slow the broker down run by run.
     rm -rf "$base/mnesia"
-    mkdir -p "$base/home" "$base/mnesia" "$base/log"
+    mkdir -p "$base/home" "$base/mnesia" "$base/log" .brokers
+    chmod 755 "$base"
     echo '[].' > "$base/enabled_plugins"
     # Debian's wrapper switches to the rabbitmq user when run as root: it must own these.
     if [ "$(id -u)" -eq 0 ] && id rabbitmq >/dev/null 2>&1; then

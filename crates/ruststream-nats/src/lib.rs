@@ -137,7 +137,7 @@ pub struct ConnectError {
 }
 
 impl ConnectError {
-    /// The server address, its password or token masked (`nats://user:***@host`).
+    /// The server address, its password or token masked (`nats://***@host`).
     pub fn url(&self) -> &str {
         &self.url
     }
@@ -361,31 +361,50 @@ enum Credentials {
 }
 
 /// `url` without the user-info of its server addresses, and the credentials the first one
-/// held (NATS reads a one-word user-info as a token).
+/// held (NATS reads a one-word user-info as a token). A password may hold any character:
+/// a list is cut only where a `,` starts another `scheme://` address, and a user-info
+/// runs to the last `@` of its address ([`ruststream_core::split_userinfo`]).
 fn split_credentials(url: &str) -> (String, Option<Credentials>) {
     let mut found = None;
-    let bare: Vec<String> = url
-        .split(',')
-        .map(|one| {
-            let (scheme, rest) = one.find("://").map_or(("", one), |i| one.split_at(i + 3));
-            let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-            let Some(at) = rest[..end].rfind('@') else {
-                return one.to_owned();
-            };
-            let userinfo = &rest[..at];
-            if found.is_none() {
-                found = Some(match userinfo.split_once(':') {
-                    Some((user, password)) => Credentials::UserPassword(
-                        user.to_owned(),
-                        ruststream_core::Secret::new(password),
-                    ),
-                    None => Credentials::Token(ruststream_core::Secret::new(userinfo)),
-                });
-            }
-            format!("{scheme}{}", &rest[at + 1..])
-        })
-        .collect();
-    (bare.join(","), found)
+    let mut bare = String::with_capacity(url.len());
+    for (i, one) in addresses(url).into_iter().enumerate() {
+        if i > 0 {
+            bare.push(',');
+        }
+        let Some((scheme, userinfo, rest)) = ruststream_core::split_userinfo(one) else {
+            bare.push_str(one);
+            continue;
+        };
+        if found.is_none() {
+            found = Some(match userinfo.split_once(':') {
+                Some((user, password)) => Credentials::UserPassword(
+                    user.to_owned(),
+                    ruststream_core::Secret::new(password),
+                ),
+                None => Credentials::Token(ruststream_core::Secret::new(userinfo)),
+            });
+        }
+        bare.push_str(scheme);
+        bare.push_str(&rest[1..]);
+    }
+    (bare, found)
+}
+
+/// The addresses of a server list: cut at each `,` that a NATS scheme follows, or at
+/// every `,` when no address names a scheme (then no user-info may hold a `,`).
+fn addresses(url: &str) -> Vec<&str> {
+    const SCHEMES: [&str; 4] = ["nats://", "tls://", "ws://", "wss://"];
+    if !SCHEMES.iter().any(|s| url.starts_with(s)) {
+        return url.split(',').collect();
+    }
+    let mut cuts = vec![0];
+    for (i, _) in url.match_indices(',') {
+        if SCHEMES.iter().any(|s| url[i + 1..].starts_with(s)) {
+            cuts.push(i + 1);
+        }
+    }
+    cuts.push(url.len() + 1);
+    cuts.windows(2).map(|w| &url[w[0]..w[1] - 1]).collect()
 }
 
 #[cfg(test)]
@@ -405,5 +424,13 @@ mod tests {
         let (bare, found) = split_credentials("nats://h:4222");
         assert_eq!(bare, "nats://h:4222");
         assert!(found.is_none());
+        // Issue #46: a password holding the characters that used to end the authority.
+        let (bare, found) = split_credentials("nats://g:4222,nats://app:a/b,c#d?e@f@h:4222");
+        assert_eq!(bare, "nats://g:4222,nats://h:4222");
+        assert!(
+            matches!(found, Some(Credentials::UserPassword(u, p)) if u == "app" && p.expose() == "a/b,c#d?e@f")
+        );
+        let (bare, _) = split_credentials("u:p@h1:4222,h2:4222");
+        assert_eq!(bare, "h1:4222,h2:4222");
     }
 }

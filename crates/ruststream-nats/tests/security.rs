@@ -148,7 +148,7 @@ async fn a_password_inside_the_url_is_never_printed() {
     assert!(started.elapsed() < Duration::from_secs(5));
     let shown = format!("{error} {error:?}");
     assert!(
-        shown.contains(&format!("nats://{USER}:***@{}", server.address)),
+        shown.contains(&format!("nats://***@{}", server.address)),
         "{shown}"
     );
     assert!(!shown.contains(WRONG), "{shown}");
@@ -412,4 +412,26 @@ async fn settings_from_the_environment_connect_and_name_what_is_missing() {
         shown.contains(&server.address) && !shown.contains(WRONG),
         "{shown}"
     );
+}
+
+/// Issue #46, item 1: a password holding `/`, `,`, `#`, `?` or `@` in the URL is taken
+/// out whole before the client sees the URL, refused by the real server, and masked
+/// whole in the error and in every log line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_with_url_delimiters_is_never_printed() {
+    capture_logs("trace");
+    let server = server_with_password().await;
+    for password in ruststream_test_support::HOSTILE_PASSWORDS {
+        let url = format!("nats://{USER}:{password}@{}", server.address);
+        let error = Nats::connect_waiting(&url, Duration::from_millis(500))
+            .await
+            .expect_err("a wrong password is refused");
+        let shown = format!("{error} {error:?}");
+        assert!(
+            shown.contains(&format!("nats://***@{}", server.address)),
+            "{shown}"
+        );
+        ruststream_test_support::assert_shows_no_part_of(&shown, password);
+        ruststream_test_support::assert_no_log_line_holds_part_of(password);
+    }
 }

@@ -110,6 +110,22 @@ impl std::fmt::Debug for Pulsar {
 /// The connection could not be made: the broker's URL (password masked) and why.
 pub use ruststream_core::ConnectError;
 
+/// A Pulsar URL with user-info is refused before anything connects: Pulsar reads no
+/// credentials from a URL, and the `pulsar` crate prints the URL it was given in its own
+/// logs (at ERROR on every reconnect), so a password there would be both ignored and
+/// leaked. Credentials go in [`Security`].
+fn refuse_userinfo(url: &str) -> Result<(), ConnectError> {
+    match ruststream_core::split_userinfo(url) {
+        None => Ok(()),
+        Some(_) => Err(ConnectError::new(
+            "Pulsar",
+            url,
+            "a Pulsar URL carries no credentials: Pulsar ignores them there and its client \
+             prints the URL in its logs; give a token with `Security::token` instead",
+        )),
+    }
+}
+
 /// How long [`Pulsar::connect`] waits for the broker (SPEC G7).
 pub const DEFAULT_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -148,6 +164,7 @@ impl Pulsar {
         timeout: std::time::Duration,
     ) -> Result<Self, ConnectError> {
         let fail = |source: Cause| ConnectError::new("Pulsar", url, source);
+        refuse_userinfo(url)?;
         let builder = security
             .apply(pulsar::Pulsar::builder(url, pulsar::TokioExecutor))
             .map_err(|e| fail(Cause::new(e)))?;
@@ -188,6 +205,7 @@ impl Pulsar {
         url: &str,
         warn_every: std::time::Duration,
     ) -> Result<Self, ConnectError> {
+        refuse_userinfo(url)?;
         ruststream_core::wait_for_broker(
             "Pulsar",
             &ruststream_core::redact_url(url),

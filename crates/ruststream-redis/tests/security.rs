@@ -114,3 +114,27 @@ async fn the_url_comes_from_the_environment() {
         "{missing}"
     );
 }
+
+/// Issue #46, item 1: a password holding `/`, `,`, `#`, `?` or `@` is masked whole in the
+/// connect error (Display and Debug) and in every log line, refused by the real server or
+/// by an address that closes every connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_with_url_delimiters_is_never_printed() {
+    ruststream_test_support::capture_logs("trace");
+    let server = Guarded::start();
+    let closing = TcpListener::bind("127.0.0.1:0").await.expect("listen");
+    let closed = closing.local_addr().expect("address").to_string();
+    ruststream_test_support::close_every_connection(closing);
+    for password in ruststream_test_support::HOSTILE_PASSWORDS {
+        for address in [format!("127.0.0.1:{}", server.port), closed.clone()] {
+            let url = format!("redis://billing:{password}@{address}/0");
+            let error = Redis::connect_within(&url, Duration::from_secs(3))
+                .await
+                .expect_err("refused");
+            let shown = format!("{error} {error:?}");
+            ruststream_test_support::assert_shows_no_part_of(&shown, password);
+            assert!(shown.contains("redis://***@"), "{shown}");
+        }
+        ruststream_test_support::assert_no_log_line_holds_part_of(password);
+    }
+}

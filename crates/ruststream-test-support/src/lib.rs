@@ -323,3 +323,35 @@ pub fn close_every_connection(listener: tokio::net::TcpListener) {
         }
     });
 }
+
+/// Passwords holding the characters a careless URL reader stops at (`/`, `,`, `#`, `?`,
+/// `@`, `://`, a space), raw and percent-encoded: issue #46's leaks. None shares four
+/// characters in a row with a host, port or scheme the tests use.
+pub const HOSTILE_PASSWORDS: [&str; 6] = [
+    "Wrong/Pazzw0rd-777",
+    "R3dis,S3cret-Qz",
+    "ha#sh?qu@ery-Kj",
+    "sch://emeXq:Vb",
+    "sp ace Yw Zt",
+    "pct%2Fenc%40Jx",
+];
+
+/// `shown` holds no four characters in a row of `password` (raw or percent-decoded).
+pub fn assert_shows_no_part_of(shown: &str, password: &str) {
+    let chars: Vec<char> = password.chars().collect();
+    for window in chars.windows(4) {
+        let window: String = window.iter().collect();
+        assert!(
+            !shown.contains(&window),
+            "{window:?} of password {password:?} is printed: {shown}"
+        );
+    }
+}
+
+/// No log line [`capture_logs`] collected holds four characters in a row of `password`.
+pub fn assert_no_log_line_holds_part_of(password: &str) {
+    let logged = logs();
+    for line in logged.lines() {
+        assert_shows_no_part_of(line, password);
+    }
+}

@@ -306,6 +306,12 @@ impl<D: Descriptor, S: Service> Registration<D, S> {
                 if let Some(rule) = self.descriptor.address_rule(retry) {
                     broken.push(format!("the retry address `{retry}`: {rule}"));
                 }
+                if self.options.dead_letter.as_deref() == Some(retry) {
+                    broken.push(format!(
+                        "the retry address `{retry}` is also the dead-letter address, so retry \
+                         copies and dead letters could not be told apart; give each its own"
+                    ));
+                }
             }
             None => {}
         }

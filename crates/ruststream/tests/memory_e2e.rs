@@ -477,6 +477,40 @@ async fn e4_refusal_lists_every_broken_rule_of_every_registration() {
     assert!(!text.contains("fine"), "{text}");
 }
 
+/// Issue #46, item 12: a retry address that is also the dead-letter address is refused
+/// at start, beside the other rules (SPEC G4, E4).
+#[tokio::test]
+async fn g4_retry_address_equal_to_dead_letter_is_refused() {
+    let broker = MemoryBroker::new();
+    let app = App::new()
+        .register(
+            on(broker.topic("orders"), always_ack)
+                .name("same")
+                .max_attempts(3)
+                .retry_to("orders.parked")
+                .dead_letter("orders.parked"),
+        )
+        .register(
+            on(broker.topic("bills"), always_ack)
+                .name("apart")
+                .max_attempts(3)
+                .retry_to("bills.retry")
+                .dead_letter("bills.dead"),
+        );
+    let err = app.validate().unwrap_err();
+    let ruststream::StartError::Invalid(violations) = &err else {
+        panic!("expected a validation error, got {err}");
+    };
+    assert_eq!(violations.len(), 1, "{err}");
+    assert_eq!(violations[0].registration, "same");
+    assert!(
+        violations[0]
+            .rule
+            .contains("`orders.parked` is also the dead-letter address"),
+        "{err}"
+    );
+}
+
 #[derive(Default)]
 struct Slow {
     started: tokio::sync::Notify,
