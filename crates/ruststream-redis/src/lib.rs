@@ -10,7 +10,7 @@
 //! | `retry()` | `XCLAIM` to this consumer at once: counted by Redis, delivered again first |
 //! | `retry_after(d)` | the entry stays pending in Redis; after d, `XCLAIM` as above |
 //! | no outcome | nothing: claimed by a consumer of the group once idle for the claim timeout |
-//! | at `max_attempts` | the entry as stored added to the dead-letter stream and acknowledged, atomically |
+//! | at `max_attempts` | the entry as stored added to the dead-letter stream and acknowledged, in one `MULTI`/`EXEC` |
 //!
 //! Attempts are Redis's delivery count of the pending entry (1 when first read, +1 at
 //! each claim), so they survive a restart of the service. Entries live in the service

@@ -35,20 +35,6 @@ pub struct RedisReceipt {
 /// How many acknowledgements are gathered at most before they are sent.
 const ACKS_AT_ONCE: usize = 256;
 
-/// Moves one entry, as stored, to the dead-letter stream and acknowledges it, atomically
-/// (a script runs alone on the server, as a `MULTI`/`EXEC` would): both or neither.
-/// Returns 1 when the entry was moved, 0 when it was no longer in the stream (trimmed).
-const DEAD_LETTER: &str = r"
-local found = redis.call('XRANGE', KEYS[1], ARGV[2], ARGV[2])
-local moved = 0
-if #found > 0 then
-  redis.call('XADD', KEYS[2], '*', unpack(found[1][2]))
-  moved = 1
-end
-redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
-return moved
-";
-
 /// The open subscription (its driver task is the only caller).
 pub struct RedisSubscription {
     shared: Arc<Shared>,
@@ -63,7 +49,6 @@ pub struct RedisSubscription {
     held: Held<Instant, RedisReceipt>,
     reader: tokio::task::JoinHandle<()>,
     dead_letter: Option<Arc<str>>,
-    script: redis::Script,
 }
 
 impl std::fmt::Debug for RedisSubscription {
@@ -123,7 +108,6 @@ impl RedisSubscription {
             held: Held::new(),
             reader: tokio::spawn(reading),
             dead_letter: declaration.dead_letter.clone(),
-            script: redis::Script::new(DEAD_LETTER),
         })
     }
 
@@ -335,19 +319,11 @@ impl Subscription for RedisSubscription {
                 let Some(dead) = self.dead_letter.as_deref() else {
                     return Err(AckError::failed("no dead-letter stream is declared"));
                 };
-                self.script
-                    .key(&*self.shared.stream)
-                    .key(dead)
-                    .arg(&self.shared.group)
-                    .arg(id)
-                    .invoke_async::<i64>(&mut self.commands)
-                    .await
-                    .map(|moved| {
-                        if moved == 0 {
-                            tracing::warn!(stream = &*self.shared.stream, entry = %id, "the entry was trimmed from the stream before it could be dead-lettered; acknowledged");
-                        }
-                    })
-                    .map_err(AckError::failed)
+                let moved = dead_letter(&mut self.commands, &self.shared, dead, id).await;
+                if moved.map_err(AckError::failed)? == 0 {
+                    tracing::warn!(stream = &*self.shared.stream, entry = %id, "the entry was trimmed from the stream before it could be dead-lettered; acknowledged");
+                }
+                Ok(())
             }
         }
     }
@@ -446,4 +422,37 @@ async fn sleep_until_some(due: Option<Instant>) {
         Some(due) => tokio::time::sleep_until(due).await,
         None => std::future::pending().await,
     }
+}
+
+/// Moves entry `id`, its fields as stored, to the dead-letter stream `dead` and
+/// acknowledges it: the entry is read here (`XRANGE`), then `XADD` and `XACK` go in one
+/// `MULTI`/`EXEC`, both or neither. (A server-side script cannot: Lua's `unpack` fails
+/// on an entry of a few thousand fields, which then could never be dead-lettered.)
+/// Returns how many entries were moved: 0 when the entry was trimmed from the stream
+/// meanwhile, and is only acknowledged.
+async fn dead_letter(
+    commands: &mut ConnectionManager,
+    shared: &Shared,
+    dead: &str,
+    id: EntryId,
+) -> redis::RedisResult<usize> {
+    let stream = &*shared.stream;
+    let found: Vec<(String, Vec<Vec<u8>>)> = redis::cmd("XRANGE")
+        .arg(stream)
+        .arg(id)
+        .arg(id)
+        .query_async(commands)
+        .await?;
+    let mut pipe = redis::pipe();
+    pipe.atomic();
+    if let Some((_, fields)) = found.first() {
+        pipe.cmd("XADD").arg(dead).arg("*").arg(fields).ignore();
+    }
+    pipe.cmd("XACK")
+        .arg(stream)
+        .arg(&shared.group)
+        .arg(id)
+        .ignore();
+    let () = pipe.query_async(commands).await?;
+    Ok(found.len())
 }

@@ -9,7 +9,7 @@ use redis::aio::ConnectionManager;
 use ruststream::{App, HandlerOutcome, Headers, Message, StartError, on};
 use ruststream_core::AttemptSource;
 use ruststream_redis::{Redis, redis};
-use ruststream_test_support::{Script, eventually, handler, unique_suffix};
+use ruststream_test_support::{Script, eventually, handler, logs, unique_suffix};
 
 mod common;
 use common::redis;
@@ -376,6 +376,49 @@ async fn s6_at_the_cap_the_entry_moves_to_the_dead_letter_stream_as_stored() {
     ];
     assert_eq!(moved[0].1, expected, "the fields as stored, in order");
     assert_eq!(pending(&redis, &key, "g").await, 0, "and acknowledged");
+}
+
+/// Issue #46, item 4: an entry of 5,000 fields (past what Lua's `unpack` takes) reaches
+/// the dead-letter stream whole and is acknowledged; the handler, capped at 1, runs once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s6_an_entry_of_5000_fields_is_dead_lettered_whole() {
+    let redis = redis().await;
+    let (key, dead) = (stream("s6-wide"), stream("s6-wide-dead"));
+    let mut connection = redis.connection();
+    let mut add = redis::cmd("XADD");
+    add.arg(&key).arg("*").arg("payload").arg("{}");
+    for i in 0..5_000 {
+        add.arg(format!("f{i}")).arg(format!("v{i}"));
+    }
+    let _: String = query(&mut connection, &add).await;
+    let script = Script::new(|_| HandlerOutcome::retry());
+    let running = App::new()
+        .register(
+            on(redis.stream(&key, "g"), handler(Arc::clone(&script)))
+                .max_attempts(1)
+                .dead_letter(dead.as_str()),
+        )
+        .start()
+        .await
+        .expect("starts");
+    eventually(
+        Duration::from_secs(10),
+        "dead-lettered and acknowledged",
+        || futures_now(pending(&redis, &key, "g")) == 0 && script.count() == 1,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    running.stop().await;
+    assert_eq!(script.count(), 1, "the handler ran once");
+    let moved: Vec<(String, Fields)> = query(
+        &mut connection,
+        redis::cmd("XRANGE").arg(&dead).arg("-").arg("+"),
+    )
+    .await;
+    assert_eq!(moved.len(), 1, "one dead letter");
+    assert_eq!(moved[0].1.len(), 5_001, "every field as stored");
+    assert_eq!(moved[0].1[5_000], (b"f4999".to_vec(), b"v4999".to_vec()));
+    assert!(logs().contains("dead-lettered"), "said once confirmed");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

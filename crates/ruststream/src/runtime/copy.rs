@@ -4,8 +4,9 @@
 use std::time::Duration;
 
 use ruststream_core::{
-    Capabilities, CopyTarget, Declaration, DelayedRedelivery, Delivery, Outgoing, PlannedCopy,
-    Publish, PublishError, PublishErrorKind, RETRY_COUNT_HEADER, Settle, Verb, Verdict, plan,
+    AttemptSource, Capabilities, CopyTarget, DeadLetters, Declaration, DelayedRedelivery, Delivery,
+    Outgoing, PlannedCopy, Publish, PublishError, PublishErrorKind, RETRY_COUNT_HEADER, Settle,
+    Verb, Verdict, plan,
 };
 use tokio::sync::watch;
 
@@ -113,11 +114,23 @@ pub(crate) async fn deliver<S>(
         let error = match result {
             Ok(()) => {
                 shared.refusals.confirmed(delivery);
+                let dead_letter = copy.target == CopyTarget::DeadLetter;
                 if let Some(metrics) = &shared.metrics {
-                    metrics.published(match copy.target {
-                        CopyTarget::DeadLetter => Published::DeadLetter,
-                        CopyTarget::Retry { .. } => Published::RetryCopy,
+                    metrics.published(if dead_letter {
+                        Published::DeadLetter
+                    } else {
+                        Published::RetryCopy
                     });
+                }
+                if dead_letter {
+                    // Said once the broker confirmed it, never before.
+                    tracing::warn!(
+                        registration = &*shared.registration,
+                        address = delivery.address(),
+                        attempt,
+                        destination = shared.declaration.dead_letter.as_deref(),
+                        "dead-lettered"
+                    );
                 }
                 return planned;
             }
@@ -166,6 +179,50 @@ pub(crate) async fn deliver<S>(
     }
 }
 
+/// Whether a delivery is back past its cap because its dead letter was refused (SPEC
+/// G3): its handler ran its last attempt already, so only the dead letter is tried again
+/// ([`dead_letter_again`]), never the handler. Known by an attempt above `max_attempts`
+/// that the broker counted, or by the refusal remembered here (Kafka `Auto` reads the
+/// record again at attempt 1). A count from the retry header above the cap is not enough:
+/// the runtime never writes one, so it is a producer's forgery, and the message is handled
+/// once as at the cap. Never where the broker's client dead-letters (Pulsar).
+#[inline]
+pub(crate) fn owes_dead_letter<S>(shared: &Shared<S>, delivery: &Delivery) -> bool {
+    let declaration = &shared.declaration;
+    let Some(max) = declaration.max_attempts else {
+        return false;
+    };
+    let attempt = delivery.attempt();
+    let counted_past = attempt.number() > max && attempt.source() == AttemptSource::Broker;
+    declaration.dead_letter.is_some()
+        && shared.capabilities.dead_letters != DeadLetters::Broker
+        && (counted_past || shared.refusals.owes_dead_letter(delivery))
+}
+
+/// The dead letter of a delivery [`owes_dead_letter`] found, tried again; how to settle
+/// the original.
+#[cold]
+pub(crate) async fn dead_letter_again<S>(shared: &Shared<S>, delivery: &Delivery) -> Settle {
+    let attempt = delivery.attempt().number();
+    tracing::warn!(
+        registration = &*shared.registration,
+        address = delivery.address(),
+        attempt,
+        max_attempts = shared.declaration.max_attempts,
+        "back after its dead letter was refused: the handler is not run again, the dead letter is tried again"
+    );
+    let plan = plan(
+        Verdict::Reject,
+        attempt,
+        &shared.declaration,
+        &shared.capabilities,
+    );
+    match plan.copy {
+        Some(copy) => deliver(shared, delivery, copy, plan.settle).await,
+        None => plan.settle,
+    }
+}
+
 /// A copy the broker refused, and the original it was made from.
 struct Refused<'a> {
     delivery: &'a Delivery,
@@ -185,13 +242,16 @@ impl Refused<'_> {
         let (registration, delivery, error) = (&*shared.registration, self.delivery, self.error);
         let address = delivery.address();
         let attempt = delivery.attempt().number();
-        let what = match self.copy.target {
-            CopyTarget::DeadLetter => "dead letter",
-            CopyTarget::Retry { .. } => "retry copy",
+        let dead_letter = self.copy.target == CopyTarget::DeadLetter;
+        let what = if dead_letter {
+            "dead letter"
+        } else {
+            "retry copy"
         };
         match give_back(&shared.capabilities) {
             GiveBack::RedeliverAfter(limit) => {
-                let mut wait = REFUSAL_BACKOFF.delay(shared.refusals.refused(delivery));
+                let mut wait =
+                    REFUSAL_BACKOFF.delay(shared.refusals.refused(delivery, dead_letter));
                 if let Some(limit) = limit {
                     wait = wait.min(limit.saturating_sub(Duration::from_millis(100)));
                 }
@@ -212,7 +272,7 @@ impl Refused<'_> {
                 (!wait_unless_stopped(&shared.stop, wait).await).then_some(Settle::Nothing)
             }
             GiveBack::Rewind => {
-                let wait = REFUSAL_BACKOFF.delay(shared.refusals.refused(delivery));
+                let wait = REFUSAL_BACKOFF.delay(shared.refusals.refused(delivery, dead_letter));
                 tracing::error!(
                     registration, address, attempt, %error, read_again_in = ?wait,
                     "the broker refused the {what}; the original will be read again"

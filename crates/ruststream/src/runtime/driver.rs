@@ -766,10 +766,27 @@ fn settled<S>(
     match result {
         Ok(()) => {
             settle_errors.succeeded();
+            if settle == Settle::DeadLetter {
+                dead_lettered_here(shared);
+            }
         }
         Err(error) => settle_failed(settle_errors, shared, settle, &error),
     }
     shared.end();
+}
+
+/// The subscription moved a delivery to its dead letter and settled it in one step
+/// (Redis): said and counted only now it is confirmed, as a runtime copy is.
+#[cold]
+fn dead_lettered_here<S>(shared: &Shared<S>) {
+    if let Some(metrics) = &shared.metrics {
+        metrics.published(crate::ops::Published::DeadLetter);
+    }
+    tracing::warn!(
+        registration = &*shared.registration,
+        destination = shared.declaration.dead_letter.as_deref(),
+        "dead-lettered"
+    );
 }
 
 async fn apply<Sub: Subscription, S: Service>(

@@ -27,6 +27,10 @@ pub(crate) async fn handle<S: Service>(
     shared: &Shared<S>,
     mut incoming: Box<Incoming>,
 ) -> Finished {
+    if copy::owes_dead_letter(shared, incoming.delivery()) {
+        let settle = copy::dead_letter_again(shared, incoming.delivery()).await;
+        return (Fate::Settle(settle), Some(incoming));
+    }
     let mut reruns = 0;
     loop {
         let called = shared.metrics.as_ref().map(Instruments::now);
@@ -204,8 +208,9 @@ fn failure_verdict<S>(
         }
         Completion::Rejected(rejection) => {
             let (verdict, fate) = match shared.failure_policy {
+                // "dead-lettered" is said once the dead letter is confirmed.
                 FailurePolicy::DeadLetter if shared.declaration.dead_letter.is_some() => {
-                    (Verdict::Reject, "dead-lettered")
+                    (Verdict::Reject, "going to the dead letter")
                 }
                 FailurePolicy::DeadLetter | FailurePolicy::Drop => {
                     (Verdict::Outcome(HandlerOutcome::drop()), "dropped")

@@ -1,7 +1,10 @@
 //! Deliveries whose copy the broker refused, remembered across their comebacks so each
-//! comes back later than the last time (SPEC G3).
+//! comes back later than the last time (SPEC G3), and so one whose dead letter was
+//! refused goes straight to its dead letter when it comes back, its handler not run
+//! again past the cap.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use ruststream_core::Delivery;
@@ -15,7 +18,16 @@ type Identity = (Arc<str>, Option<i32>, Option<i64>, Option<u64>);
 
 #[derive(Debug, Default)]
 pub(crate) struct Refusals {
-    counts: Mutex<HashMap<Identity, u32>>,
+    counts: Mutex<HashMap<Identity, Refused>>,
+    /// How many entries owe a dead letter: read without the lock for every delivery.
+    owed: AtomicUsize,
+}
+
+/// A delivery's refusals in a row, and whether the last refused copy was its dead letter.
+#[derive(Debug, Default, Clone, Copy)]
+struct Refused {
+    count: u32,
+    dead_letter: bool,
 }
 
 fn identity(delivery: &Delivery) -> Option<Identity> {
@@ -33,18 +45,37 @@ fn identity(delivery: &Delivery) -> Option<Identity> {
 }
 
 impl Refusals {
-    /// One more refusal for `delivery`; how many in a row now (1 for the first).
-    pub(crate) fn refused(&self, delivery: &Delivery) -> u32 {
+    /// One more refusal for `delivery`, of its dead letter or of a retry copy; how many in
+    /// a row now (1 for the first).
+    pub(crate) fn refused(&self, delivery: &Delivery, dead_letter: bool) -> u32 {
         let Some(id) = identity(delivery) else {
             return 1;
         };
         let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
         if counts.len() >= CAPACITY && !counts.contains_key(&id) {
             counts.clear();
+            self.owed.store(0, Ordering::Relaxed);
         }
-        let count = counts.entry(id).or_insert(0);
-        *count = count.saturating_add(1);
-        *count
+        let entry = counts.entry(id).or_default();
+        entry.count = entry.count.saturating_add(1);
+        if dead_letter && !entry.dead_letter {
+            self.owed.fetch_add(1, Ordering::Relaxed);
+        }
+        entry.dead_letter |= dead_letter;
+        entry.count
+    }
+
+    /// Whether `delivery` came back because its dead letter was refused: its handler
+    /// ran its last attempt already.
+    pub(crate) fn owes_dead_letter(&self, delivery: &Delivery) -> bool {
+        if self.owed.load(Ordering::Relaxed) == 0 {
+            return false;
+        }
+        let Some(id) = identity(delivery) else {
+            return false;
+        };
+        let counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+        counts.get(&id).is_some_and(|r| r.dead_letter)
     }
 
     /// The copy went out: forget the delivery.
@@ -53,8 +84,10 @@ impl Refusals {
         if counts.is_empty() {
             return;
         }
-        if let Some(id) = identity(delivery) {
-            counts.remove(&id);
+        if let Some(id) = identity(delivery)
+            && counts.remove(&id).is_some_and(|r| r.dead_letter)
+        {
+            self.owed.fetch_sub(1, Ordering::Relaxed);
         }
     }
 }
