@@ -15,7 +15,9 @@
 //! Attempts: a quorum queue counts deliveries itself (`x-delivery-count`, so attempt =
 //! count + 1, kept across restarts of the service); a classic queue only flags
 //! `redelivered`, so under `max_attempts` retries go through copies that carry the count
-//! in `x-ruststream-retry-count`.
+//! in `x-ruststream-retry-count`, and an undeclared `retry()` (a plain requeue) is counted
+//! by the service per message, each requeue after the first waiting a floor (10 ms
+//! doubling to 1 s) so it never spins.
 //!
 //! Settlements when the connection fails: a delivery whose channel was lost is not
 //! settled (the broker delivers it again by itself), and a settlement RabbitMQ does not
@@ -52,6 +54,7 @@
 mod descriptor;
 mod link;
 mod publish;
+mod requeue;
 pub mod subscription;
 
 use std::sync::Arc;

@@ -1,5 +1,6 @@
 //! Publishing to a queue through the default exchange, confirmed by the broker.
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use bytes::Bytes;
@@ -24,6 +25,8 @@ struct Inner {
     channel: Mutex<Option<Channel>>,
     /// Held while a channel is being opened: one attempt at a time.
     opening: tokio::sync::Mutex<()>,
+    /// The connection's negotiated `frame_max` (0 until a channel is open).
+    frame_max: AtomicU32,
 }
 
 impl std::fmt::Debug for RabbitPublisher {
@@ -39,6 +42,7 @@ impl RabbitPublisher {
                 link,
                 channel: Mutex::default(),
                 opening: tokio::sync::Mutex::default(),
+                frame_max: AtomicU32::new(0),
             }),
         };
         publisher.channel().await?;
@@ -67,6 +71,8 @@ impl RabbitPublisher {
             return Ok(channel);
         }
         let connection = self.inner.link.connected().await?;
+        let frame_max = connection.configuration().frame_max();
+        self.inner.frame_max.store(frame_max, Ordering::Relaxed);
         let channel = connection.create_channel().await?;
         channel
             .confirm_select(ConfirmSelectOptions::default())
@@ -99,6 +105,19 @@ impl RabbitPublisher {
                 ),
             )
         })?;
+        // Headers are not split over frames as a body is: past `frame_max` the broker
+        // closes the whole connection (FRAME_ERROR), taking every delivery on it along.
+        let frame_max = self.inner.frame_max.load(Ordering::Relaxed);
+        let header_frame = header_frame_size(headers);
+        if frame_max != 0 && header_frame > frame_max as usize {
+            return Err(PublishError::new(
+                queue,
+                PublishErrorKind::TooLarge,
+                format!(
+                    "its headers take {header_frame} bytes in one frame, above the connection's frame_max of {frame_max}"
+                ),
+            ));
+        }
         let confirm = channel
             .basic_publish(
                 ShortString::from(""),
@@ -111,10 +130,10 @@ impl RabbitPublisher {
                 properties,
             )
             .await
-            .map_err(|e| PublishError::new(queue, PublishErrorKind::Disconnected, e))?;
+            .map_err(|e| PublishError::new(queue, kind_of(&e), e))?;
         match confirm
             .await
-            .map_err(|e| PublishError::new(queue, PublishErrorKind::Disconnected, e))?
+            .map_err(|e| PublishError::new(queue, kind_of(&e), e))?
         {
             Confirmation::Ack(None) => Ok(()),
             Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)) => {
@@ -148,6 +167,41 @@ impl Publish for RabbitPublisher {
                 .await
         })
     }
+}
+
+/// How a client error publishing reads: a frame or syntax error the broker answered
+/// (the connection is closed for it) is the message's fault and permanent, as are its
+/// other refusals; anything else is the connection's, and may pass when tried again.
+fn kind_of(error: &lapin::Error) -> PublishErrorKind {
+    use lapin::protocol::{AMQPErrorKind, AMQPHardError, AMQPSoftError};
+    let lapin::ErrorKind::ProtocolError(amqp) = error.kind() else {
+        return PublishErrorKind::Disconnected;
+    };
+    match amqp.kind() {
+        AMQPErrorKind::Hard(AMQPHardError::FRAMEERROR)
+        | AMQPErrorKind::Soft(AMQPSoftError::CONTENTTOOLARGE) => PublishErrorKind::TooLarge,
+        AMQPErrorKind::Hard(AMQPHardError::SYNTAXERROR | AMQPHardError::COMMANDINVALID) => {
+            PublishErrorKind::Encode
+        }
+        AMQPErrorKind::Soft(AMQPSoftError::ACCESSREFUSED) => PublishErrorKind::NotAuthorized,
+        AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND) => PublishErrorKind::NoSuchAddress,
+        AMQPErrorKind::Hard(AMQPHardError::CONNECTIONFORCED | AMQPHardError::INTERNALERROR) => {
+            PublishErrorKind::Disconnected
+        }
+        _ => PublishErrorKind::Rejected,
+    }
+}
+
+/// The size of a persistent message's content-header frame carrying `headers` as
+/// [`to_table`] encodes them: frame header (7) and end (1), class, weight, body size and
+/// property flags (14), the delivery mode (1), and the table (a 4-byte length, then per
+/// entry a short-string name, a type octet and a long string).
+pub(crate) fn header_frame_size(headers: &Headers) -> usize {
+    let table: usize = headers
+        .iter()
+        .map(|(name, value)| 1 + name.len() + 1 + 4 + value.len())
+        .sum();
+    7 + 1 + 14 + 1 + 4 + table
 }
 
 /// Headers as an AMQP field table: every value a byte string, so it arrives byte for

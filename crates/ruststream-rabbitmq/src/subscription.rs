@@ -22,6 +22,7 @@ use tokio::time::{Instant, Sleep};
 
 use crate::link::Link;
 use crate::publish::{from_table, number};
+use crate::requeue::{self, Requeues};
 
 /// What settles one delivery: its tag on the channel it came on. Settled on that
 /// channel's own `basic.ack`/`nack`/`reject` (one hop to lapin's I/O loop, where the
@@ -32,6 +33,9 @@ pub struct RabbitReceipt {
     tag: u64,
     /// Which session (channel) it came on.
     session: u64,
+    /// Classic queues: how often it came back requeued, and its identity then.
+    requeued: u32,
+    key: u64,
 }
 
 /// The open subscription (its driver task is the only caller).
@@ -42,7 +46,8 @@ pub struct RabbitSubscription {
     address: Arc<str>,
     prefetch: u16,
     quorum: bool,
-    /// Quorum queues: `retry_after` waits, nacked by `next` once due.
+    /// Quorum queues' `retry_after` waits, and classic queues' requeues waiting out
+    /// their floor: nacked by `next` once due.
     held: Held<Instant, RabbitReceipt>,
     /// When `next` looks at the channel's state next.
     watchdog: Pin<Box<Sleep>>,
@@ -50,6 +55,8 @@ pub struct RabbitSubscription {
     settle_timer: SettleTimer,
     /// How many sessions were opened: the current one's number.
     sessions: u64,
+    /// Classic queues: requeues counted per message (the broker counts none).
+    requeues: Requeues,
 }
 
 /// How long an acknowledgement may take before it counts as failed (lapin's acker can
@@ -97,6 +104,7 @@ impl RabbitSubscription {
             watchdog: Box::pin(tokio::time::sleep(WATCHDOG_PERIOD)),
             settle_timer: SettleTimer::new(),
             sessions: 1,
+            requeues: Requeues::default(),
         })
     }
 
@@ -143,9 +151,14 @@ impl RabbitSubscription {
         }
     }
 
-    fn delivery(&self, message: lapin::message::Delivery, slot: &mut Delivery) -> RabbitReceipt {
+    fn delivery(
+        &mut self,
+        message: lapin::message::Delivery,
+        slot: &mut Delivery,
+    ) -> RabbitReceipt {
         let table = message.properties.headers().as_ref();
         let headers = from_table(table);
+        let (mut requeued, mut key) = (0, 0);
         let attempt = if self.quorum {
             // The broker's count of earlier deliveries (absent on the first).
             let before = number(table, "x-delivery-count").unwrap_or(0);
@@ -155,7 +168,15 @@ impl RabbitSubscription {
             if let Some(e) = malformed {
                 tracing::warn!(address = &*self.address, error = %e, "read as the first attempt");
             }
-            attempt
+            if message.redelivered {
+                // Requeued (or given back by a lost channel): counted here, on top of
+                // the copies the header counts.
+                key = requeue::key(&message);
+                requeued = self.requeues.came_back(key);
+                Attempt::from_subscription(attempt.number().saturating_add(requeued))
+            } else {
+                attempt
+            }
         };
         slot.refill(&self.address, Bytes::from(message.data))
             .set_headers(headers)
@@ -164,6 +185,8 @@ impl RabbitSubscription {
         RabbitReceipt {
             tag: message.delivery_tag,
             session: self.sessions,
+            requeued,
+            key,
         }
     }
 }
@@ -249,6 +272,16 @@ impl Subscription for RabbitSubscription {
         };
         let (channel, timer) = (&session.channel, &mut self.settle_timer);
         let tag = receipt.tag;
+        if receipt.requeued > 0 {
+            if settle == Settle::Redeliver {
+                // Requeued before: a floor before it goes back, so a handler that always
+                // retries does not spin (G2); held unacknowledged meanwhile.
+                let floor = requeue::floor(receipt.requeued);
+                self.held.hold(Instant::now() + floor, receipt);
+                return Ok(());
+            }
+            self.requeues.settled(receipt.key);
+        }
         match settle {
             Settle::Nothing => Ok(()),
             Settle::Ack => {
