@@ -2,7 +2,6 @@
 //! claim timeout and how much is read ahead.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use ruststream_core::{
@@ -95,17 +94,12 @@ impl RedisStream {
         self
     }
 
-    pub(crate) fn consumer_name(&self) -> String {
-        self.consumer.clone().unwrap_or_else(|| {
-            let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .ok()
-                .map(|h| h.trim().to_owned())
-                .filter(|h| !h.is_empty())
-                .unwrap_or_else(|| "ruststream".to_owned());
-            static OPENED: AtomicU64 = AtomicU64::new(0);
-            let n = OPENED.fetch_add(1, Ordering::Relaxed);
-            format!("{host}-{}-{n}", std::process::id())
-        })
+    /// The consumer name, and whether it was named here (not by the user).
+    pub(crate) fn consumer_name(&self) -> (String, bool) {
+        match &self.consumer {
+            Some(name) => (name.clone(), false),
+            None => (crate::consumers::generated_name(), true),
+        }
     }
 }
 

@@ -43,6 +43,7 @@
 //! # Ok(()) }
 //! ```
 
+mod consumers;
 mod descriptor;
 mod entry;
 mod publish;

@@ -28,6 +28,9 @@ pub(crate) struct Shared {
     pub(crate) stream: Arc<str>,
     pub(crate) group: String,
     pub(crate) consumer: String,
+    /// The consumer was named here (`<hostname>-<pid>-<n>`): removed at a stop when it
+    /// holds nothing pending.
+    pub(crate) named_here: bool,
     pub(crate) claim_timeout: Duration,
     pub(crate) batch: usize,
     /// Where the group begins when it has to be created (`0` or `$`).

@@ -85,10 +85,13 @@ impl RedisSubscription {
             .reader()
             .await
             .map_err(|e| SubscribeError::new(stream, e))?;
+        crate::consumers::remove_departed(&mut commands, stream, &descriptor.group).await;
+        let (consumer, named_here) = descriptor.consumer_name();
         let shared = Arc::new(Shared {
             stream: Arc::from(stream),
             group: descriptor.group.clone(),
-            consumer: descriptor.consumer_name(),
+            consumer,
+            named_here,
             claim_timeout: descriptor.claim_timeout,
             batch: descriptor.batch,
             start,
@@ -372,13 +375,19 @@ impl Subscription for RedisSubscription {
             .map(|entry| (entry.id, entry.count.saturating_sub(1)))
             .collect();
         let deadline = Instant::now() + LONGEST_BLOCK * 2;
+        // Whether the reader ended by itself: only then can no read still in flight hand
+        // this consumer an entry, and may the consumer be removed.
+        let mut ended = false;
         loop {
             tokio::select! {
                 biased;
                 read = self.rx.recv() => match read {
                     Some(Ok(entry)) => give_back.push((entry.id, entry.count.saturating_sub(1))),
                     Some(Err(_)) => {}
-                    None => break,
+                    None => {
+                        ended = true;
+                        break;
+                    }
                 },
                 () = tokio::time::sleep_until(deadline) => {
                     self.reader.abort();
@@ -412,6 +421,16 @@ impl Subscription for RedisSubscription {
             {
                 tracing::debug!(stream = &*self.shared.stream, entry = %id, error = %e, "giving the entry back failed: claimed after the claim timeout instead");
             }
+        }
+        if ended && self.shared.named_here {
+            let (stream, group) = (&*self.shared.stream, &self.shared.group);
+            let removing = crate::consumers::remove_own(
+                &mut self.commands,
+                stream,
+                group,
+                &self.shared.consumer,
+            );
+            let _ = tokio::time::timeout(Duration::from_secs(1), removing).await;
         }
     }
 }

@@ -1,7 +1,8 @@
 //! The ops endpoint over HTTP/1.1, served by hyper on a task of its own.
 
 use std::convert::Infallible;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -11,32 +12,81 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
 
 use super::Ops;
 
+/// Connections held at most: one more is closed at once, unread (a probe or a scrape
+/// needs one or two; a client that opens thousands gets no more than this).
+pub(crate) const MAX_CONNECTIONS: usize = 128;
+
+/// A connection with no request for this long is closed (a request in progress is
+/// finished first): an idle client cannot hold a connection, nor a slot of the limit.
+pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Serves until the task is aborted (when the app's subscriptions have all ended).
 pub(crate) async fn serve(listener: TcpListener, ops: Arc<Ops>) {
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
             Err(error) => {
                 // Out of file descriptors and the like: say so, pause, go on.
                 tracing::warn!(%error, "ops endpoint: accepting a connection failed");
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
         };
-        let ops = Arc::clone(&ops);
-        tokio::spawn(async move {
-            let service = service_fn(move |request| answer(Arc::clone(&ops), request));
-            if let Err(error) = http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await
-            {
-                tracing::debug!(%error, "ops endpoint: connection ended with an error");
+        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+            tracing::debug!(
+                limit = MAX_CONNECTIONS,
+                "ops endpoint: connection limit reached; closing a new connection"
+            );
+            drop(stream);
+            continue;
+        };
+        tokio::spawn(connection(stream, Arc::clone(&ops), slot));
+    }
+}
+
+/// Serves one connection until the client closes it or it idles for [`IDLE_TIMEOUT`].
+async fn connection(stream: TcpStream, ops: Arc<Ops>, _slot: OwnedSemaphorePermit) {
+    let last = Arc::new(Mutex::new(Instant::now()));
+    let seen = Arc::clone(&last);
+    let service = service_fn(move |request| {
+        *seen.lock().unwrap_or_else(PoisonError::into_inner) = Instant::now();
+        answer(Arc::clone(&ops), request)
+    });
+    let serving = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
+    let mut serving = std::pin::pin!(serving);
+    // Idle: shut down gracefully (at once when no request runs); a connection that still
+    // has not ended an idle timeout later (a request trickling in) is dropped.
+    let mut shut_at: Option<Instant> = None;
+    loop {
+        let due = match shut_at {
+            Some(at) => at + IDLE_TIMEOUT,
+            None => *last.lock().unwrap_or_else(PoisonError::into_inner) + IDLE_TIMEOUT,
+        };
+        tokio::select! {
+            ended = serving.as_mut() => {
+                if let Err(error) = ended {
+                    tracing::debug!(%error, "ops endpoint: connection ended with an error");
+                }
+                return;
             }
-        });
+            () = tokio::time::sleep_until(due) => {
+                let now = Instant::now();
+                if shut_at.is_some() {
+                    return;
+                }
+                if *last.lock().unwrap_or_else(PoisonError::into_inner) + IDLE_TIMEOUT <= now {
+                    serving.as_mut().graceful_shutdown();
+                    shut_at = Some(now);
+                }
+            }
+        }
     }
 }
 
