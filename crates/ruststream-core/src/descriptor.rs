@@ -145,12 +145,20 @@ pub trait Subscription: Send + 'static {
         ControlFlow::Continue(receipt)
     }
 
-    /// The delivery is not done at once: its handler did not finish in its first poll,
-    /// or it waits for its lane. Called at most once per delivery, before it is settled;
-    /// most deliveries are done at once and never come here. What a transport does for
-    /// long-running deliveries only (JetStream's `+WPI` keepalive) starts here, so the
-    /// common case pays nothing for it.
+    /// The delivery is not done at once: its handler runs and did not finish in its
+    /// first poll, or it starts now after [`waiting`](Self::waiting) for its lane. Its
+    /// handler deadline counts from here. Called before it is settled, at most once after
+    /// each `waiting`; most deliveries are done at once and never come here. What a
+    /// transport does for long-running deliveries only (JetStream's `+WPI` keepalive)
+    /// starts here, so the common case pays nothing for it.
     fn running_on(&mut self, receipt: &Self::Receipt) {
+        let _ = receipt;
+    }
+
+    /// The delivery was fetched and waits for its lane (behind a running delivery of the
+    /// same key, or for any lane to free up); [`running_on`](Self::running_on) follows
+    /// when it starts. No handler deadline runs meanwhile.
+    fn waiting(&mut self, receipt: &Self::Receipt) {
         let _ = receipt;
     }
 

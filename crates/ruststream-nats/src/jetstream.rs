@@ -353,19 +353,29 @@ impl std::fmt::Debug for JetStreamSubscription {
 
 impl JetStreamSubscription {
     /// Hands `receipt`'s delivery to the keepalive (when it is on).
-    fn keep_alive(&mut self, (tag, reply): &Receipt) {
+    /// Keeps the delivery alive: within its handler deadline from now when it `runs`,
+    /// without a limit while it waits (for its lane, or for a delayed copy's timer).
+    fn keep_alive(&mut self, (tag, reply): &Receipt, runs: bool) {
         let Some(progress) = &self.in_progress else {
             return;
         };
         let now = progress.ticks.load(Ordering::Relaxed);
-        let running = Running {
-            reply: reply.clone(),
-            since: now,
-            told: now,
-        };
-        if lock(progress).insert(*tag, running).is_none() {
-            self.kept_alive += 1;
+        let since = runs.then_some(now);
+        let mut running = lock(progress);
+        if let Some(known) = running.get_mut(tag) {
+            // It waited and starts now: its deadline counts from here.
+            known.since = since;
+            return;
         }
+        running.insert(
+            *tag,
+            Running {
+                reply: reply.clone(),
+                since,
+                told: now,
+            },
+        );
+        self.kept_alive += 1;
     }
 
     /// A settled delivery is no longer kept alive.
@@ -530,12 +540,16 @@ impl Subscription for JetStreamSubscription {
     /// Kept alive from now on (`+WPI`, D3): most deliveries are settled in their
     /// handler's first poll and never need it.
     fn running_on(&mut self, receipt: &Receipt) {
-        self.keep_alive(receipt);
+        self.keep_alive(receipt, true);
+    }
+
+    fn waiting(&mut self, receipt: &Receipt) {
+        self.keep_alive(receipt, false);
     }
 
     /// Its retry copy waits for a timer; the original, unsettled meanwhile, is kept alive.
     fn parked(&mut self, receipt: &Receipt) {
-        self.keep_alive(receipt);
+        self.keep_alive(receipt, false);
     }
 
     async fn settle(&mut self, (tag, reply): Receipt, settle: Settle) -> Result<(), AckError> {

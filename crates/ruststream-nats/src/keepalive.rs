@@ -14,8 +14,10 @@ use ruststream_core::hash::SpreadMap;
 /// for its lane, or its retry copy waits for a timer) and not settled yet.
 pub(crate) struct Running {
     pub(crate) reply: Subject,
-    /// The keepalive's tick when it was found not done at once.
-    pub(crate) since: u64,
+    /// The keepalive's tick when its handler was found running (not done at once, or
+    /// started after waiting for its lane); `None` while it waits for its lane or for a
+    /// delayed copy's timer, when no deadline runs.
+    pub(crate) since: Option<u64>,
     /// The tick when progress was last told.
     pub(crate) told: u64,
 }
@@ -45,12 +47,12 @@ pub(crate) fn lock(progress: &Progress) -> std::sync::MutexGuard<'_, SpreadMap<u
 /// `ack_wait`; a delivery is told about after at most half of it.
 ///
 /// A delivery comes here when the runtime finds it is not done at once: when it has to
-/// wait for its lane (at hand-over), or when its handler did not finish in its first
-/// poll. One waiting for its lane may wait behind one running and one queued delivery,
-/// each cut at the deadline, so a delivery is kept alive for at most three deadlines
-/// from then. A handler that blocks its thread in its first poll is not told about
-/// while it blocks (nothing runs on the driver's thread meanwhile), which is what D3
-/// asks: the server redelivers it after `ack_wait`.
+/// wait for its lane (kept alive, with no limit, until it starts), when its handler did
+/// not finish in its first poll or starts after waiting (kept alive for at most its
+/// deadline from then: no `+WPI` is sent after it, so the server redelivers a handler
+/// that outlived it within deadline + `ack_wait`), or when its retry copy waits for a
+/// timer. A handler that blocks its thread in its first poll is not told about while it
+/// blocks (nothing runs on the driver's thread meanwhile), which is what D3 asks too.
 pub(crate) async fn keep_alive(
     client: Client,
     progress: InProgress,
@@ -62,7 +64,9 @@ pub(crate) async fn keep_alive(
     // Told when a tick finds it handed over (or told) this long ago, in ticks: between
     // one tick less and this many ticks of time have passed.
     let half = ticks_in(ack_wait / 2).max(1);
-    let limit = deadline.map(|d| ticks_in(d * 3));
+    // Told while less than this many ticks passed since the handler started: a tick
+    // count rounds the start down, so the last `+WPI` goes out before the deadline.
+    let limit = deadline.map(ticks_in);
     let mut interval = tokio::time::interval(tick);
     loop {
         interval.tick().await;
@@ -70,7 +74,10 @@ pub(crate) async fn keep_alive(
         let due: Vec<Subject> = lock(&progress)
             .values_mut()
             .filter(|r| now - r.told >= half)
-            .filter(|r| limit.is_none_or(|limit| now - r.since < limit))
+            .filter(|r| match (r.since, limit) {
+                (Some(since), Some(limit)) => now - since < limit,
+                _ => true,
+            })
             .map(|r| {
                 r.told = now;
                 r.reply.clone()

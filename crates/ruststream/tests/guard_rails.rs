@@ -233,3 +233,66 @@ async fn a_backlog_does_not_keep_the_thread_from_other_tasks() {
     }
     running.stop().await;
 }
+
+/// Issue #46, item 14: with `lanes(4)` and keyless messages, a handler that hangs holds
+/// back only its own delivery: the nine published after it all run while it still hangs
+/// (each goes to a free lane, never queued behind the hung one). Before: keyless
+/// deliveries were dealt round robin, some queued behind the hung handler, and once its
+/// queue was full the fetch stopped for every lane.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g1_a_hung_keyless_handler_holds_back_no_other_delivery() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::sync::Semaphore;
+
+    #[derive(Clone)]
+    struct Gate {
+        release: Arc<Semaphore>,
+        others: Arc<AtomicUsize>,
+    }
+    let gate = Gate {
+        release: Arc::new(Semaphore::new(0)),
+        others: Arc::new(AtomicUsize::new(0)),
+    };
+    let work = |State(gate): State<Gate>,
+                ruststream::Message(word): ruststream::Message<String>| async move {
+        if word == "hang" {
+            let _ = gate.release.acquire().await;
+        } else {
+            gate.others.fetch_add(1, Ordering::SeqCst);
+        }
+        HandlerOutcome::ack()
+    };
+    let broker = MemoryBroker::new();
+    let running = App::new()
+        .state(gate.clone())
+        .register(on(broker.topic("work"), work).lanes(4))
+        .start()
+        .await
+        .unwrap();
+    let publisher = broker.publisher();
+    publisher.to("work").send(&"hang").await.unwrap();
+    for n in 0..9 {
+        publisher
+            .to("work")
+            .send(&format!("quick-{n}"))
+            .await
+            .unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while gate.others.load(Ordering::SeqCst) < 9 {
+        assert!(
+            Instant::now() < deadline,
+            "{} of 9 ran while one handler hangs",
+            gate.others.load(Ordering::SeqCst)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        gate.release.available_permits(),
+        0,
+        "still hanging meanwhile"
+    );
+    gate.release.add_permits(1);
+    running.stop().await;
+}

@@ -17,7 +17,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep_until};
 
-use super::lanes::{Finished, Lanes as LaneSet};
+use super::lanes::{ANY_LANE, Finished, Lanes as LaneSet};
 use super::quiet::ErrorRun;
 use super::shared::{DelayedCopy, Done, Fate, Job, Shared};
 use super::{copy, lane};
@@ -164,10 +164,7 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
         shared: &shared,
         set,
         pending: None,
-        picker: Picker {
-            lanes,
-            round_robin: 0,
-        },
+        picker: Picker { lanes },
         stop: StopSignal::new(stop),
         at_bound: false,
         fetch_errors: ErrorRun::default(),
@@ -176,6 +173,11 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
     };
     let mut timers = Timed::new();
     loop {
+        // A delivery that waited for its lane and starts now: its deadline counts from
+        // here (JetStream keeps it alive that long: SPEC D3).
+        while let Some(receipt) = d.set.started_after_wait() {
+            d.subscription.running_on(receipt);
+        }
         // The common case first, within this one poll: deliveries fetched at once, run,
         // finished and settled, one after another, while nothing else goes on.
         let timers_idle = timers.set.is_empty();
@@ -332,7 +334,10 @@ where
         cx: &mut Context<'_>,
     ) -> Option<Done<Sub::Receipt>> {
         let job = self.job(receipt);
-        let lane = count_in(self.shared, &mut self.picker, &job);
+        let mut lane = count_in(self.shared, &mut self.picker, &job);
+        if lane == ANY_LANE {
+            lane = self.set.free_lane().unwrap_or(0);
+        }
         self.set.start_free(lane, job);
         self.first_poll(lane, true, cx)
     }
@@ -358,6 +363,10 @@ where
         started: bool,
         cx: &mut Context<'_>,
     ) -> Option<Done<Sub::Receipt>> {
+        if lane == ANY_LANE {
+            // Keyless and every lane busy: it waits for the first lane to free up.
+            return None;
+        }
         let Poll::Ready(done) = self.set.poll_lane(lane, cx) else {
             if started && let Some(receipt) = self.set.receipt(lane) {
                 self.subscription.running_on(receipt);
@@ -676,7 +685,6 @@ type Waiting<R> = Option<(usize, Job<R>)>;
 /// Which lane a delivery goes to.
 struct Picker {
     lanes: Lanes,
-    round_robin: usize,
 }
 
 /// A fetched delivery, counted in flight and offered to its lane (returned, with whether
@@ -695,10 +703,15 @@ where
     F: Future<Output = Finished>,
     St: Fn(Box<Incoming>) -> F,
 {
-    let lane = count_in(shared, picker, &job);
-    let started = set.is_free(lane);
+    let mut lane = count_in(shared, picker, &job);
+    if lane == ANY_LANE
+        && let Some(free) = set.free_lane()
+    {
+        lane = free;
+    }
+    let started = lane != ANY_LANE && set.is_free(lane);
     if !started {
-        subscription.running_on(&job.receipt);
+        subscription.waiting(&job.receipt);
     }
     (lane, started, set.offer(lane, job).map(|job| (lane, job)))
 }
@@ -710,31 +723,26 @@ fn count_in<S, R>(shared: &Shared<S>, picker: &mut Picker, job: &Job<R>) -> usiz
         metrics.deliveries.inc();
     }
     shared.begin();
-    pick_lane(
-        job.incoming.delivery(),
-        &picker.lanes,
-        &mut picker.round_robin,
-    )
+    pick_lane(job.incoming.delivery(), &picker.lanes)
 }
 
 /// The lane a delivery goes to: the only one, mostly (no call then).
 #[inline(always)]
-fn pick_lane(delivery: &Delivery, lanes: &Lanes, round_robin: &mut usize) -> usize {
+fn pick_lane(delivery: &Delivery, lanes: &Lanes) -> usize {
     if lanes.count == 1 {
         return 0;
     }
-    pick_of_many(delivery, lanes, round_robin)
+    pick_of_many(delivery, lanes)
 }
 
-fn pick_of_many(delivery: &Delivery, lanes: &Lanes, round_robin: &mut usize) -> usize {
+/// A keyed delivery's lane, by its key's hash (its order kept); a keyless one's is
+/// [`ANY_LANE`]: the first free one.
+fn pick_of_many(delivery: &Delivery, lanes: &Lanes) -> usize {
     let mut hasher = DefaultHasher::new();
     match (lanes.key, delivery.metadata().partition, delivery.key()) {
         (LaneKey::Partition, Some(partition), _) => partition.hash(&mut hasher),
         (_, _, Some(key)) => key.hash(&mut hasher),
-        (_, _, None) => {
-            *round_robin = round_robin.wrapping_add(1);
-            return *round_robin % lanes.count;
-        }
+        (_, _, None) => return ANY_LANE,
     }
     (hasher.finish() % lanes.count as u64) as usize
 }

@@ -26,6 +26,11 @@ use crate::in_flight::InFlight;
 /// fetching instead of growing memory.
 pub(crate) const LANE_QUEUE: usize = 1;
 
+/// The lane of a delivery with no key (no order to keep): it starts on the first lane
+/// that is free, never queued behind a running one (one hung handler then holds back
+/// nothing but its own lane).
+pub(crate) const ANY_LANE: usize = usize::MAX;
+
 /// What a lane hands back when a delivery is done with: what it came to (the lanes add
 /// its receipt, which they keep) and, unless a delayed copy keeps it, the box the
 /// delivery came in.
@@ -43,6 +48,11 @@ pub(crate) struct Lanes<R, F, St> {
     busy: usize,
     /// Where the next scan for finished work begins, so no lane waits behind another.
     scan_from: usize,
+    /// Where the next look for a free lane begins, so keyless work spreads over lanes.
+    free_from: usize,
+    /// Lanes that started a delivery which had waited (queued, or for any lane): the
+    /// driver tells the subscription it runs now (`Subscription::running_on`).
+    started_after_wait: Vec<usize>,
     /// Boxes for the next deliveries. A delivery (about 180 bytes) is written into its
     /// box by the fetch (`Subscription::next_into`, into the one box the driver holds for
     /// it) and travels as a pointer from there to the handler's extractors and back; a
@@ -83,6 +93,8 @@ where
                 .collect(),
             busy: 0,
             scan_from: 0,
+            free_from: 0,
+            started_after_wait: Vec::new(),
             spare: Vec::new(),
             // Each lane's queue and running delivery, and one waiting for room.
             spare_cap: count * (LANE_QUEUE + 1) + 1,
@@ -130,11 +142,37 @@ where
         self.receipts[lane].as_ref()
     }
 
+    /// A lane that runs nothing, looking from where the last look ended.
+    pub(crate) fn free_lane(&mut self) -> Option<usize> {
+        let count = self.receipts.len();
+        let free = (0..count)
+            .map(|i| (self.free_from + i) % count)
+            .find(|&lane| self.receipts[lane].is_none())?;
+        self.free_from = (free + 1) % count;
+        Some(free)
+    }
+
     /// Starts `job` on `lane` or queues it there when it has room; hands it back when not.
+    /// A keyless job ([`ANY_LANE`]) starts on a free lane or is handed back.
     #[inline(always)]
     pub(crate) fn offer(&mut self, lane: usize, job: Job<R>) -> Option<Job<R>> {
+        self.offer_after(lane, job, false)
+    }
+
+    /// [`offer`](Self::offer), for a job that `waited` (its start is told).
+    #[inline(always)]
+    fn offer_after(&mut self, lane: usize, job: Job<R>, waited: bool) -> Option<Job<R>> {
+        if lane == ANY_LANE {
+            return match self.free_lane() {
+                Some(free) => {
+                    self.start_after(free, job, waited);
+                    None
+                }
+                None => Some(job),
+            };
+        }
         if self.receipts[lane].is_none() {
-            self.start(lane, job);
+            self.start_after(lane, job, waited);
             None
         } else if self.queues[lane].len() < LANE_QUEUE {
             self.queues[lane].push_back(job);
@@ -151,19 +189,24 @@ where
         if let Some((lane, _)) = waiting
             && self.has_room(*lane)
             && let Some((lane, job)) = waiting.take()
+            && let Some(job) = self.offer_after(lane, job, true)
         {
-            self.push(lane, job);
+            self.queues[lane].push_back(job);
         }
     }
 
     /// Whether `lane` would take a job now.
     fn has_room(&self, lane: usize) -> bool {
+        if lane == ANY_LANE {
+            return self.receipts.iter().any(Option::is_none);
+        }
         self.receipts[lane].is_none() || self.queues[lane].len() < LANE_QUEUE
     }
 
     /// Queues `job` whatever the room (a fetched delivery at stop, so it still runs).
     pub(crate) fn push(&mut self, lane: usize, job: Job<R>) {
         if let Some(job) = self.offer(lane, job) {
+            let lane = if lane == ANY_LANE { 0 } else { lane };
             self.queues[lane].push_back(job);
         }
     }
@@ -177,6 +220,14 @@ where
 
     #[inline]
     fn start(&mut self, lane: usize, job: Job<R>) {
+        self.start_after(lane, job, false);
+    }
+
+    #[inline]
+    fn start_after(&mut self, lane: usize, job: Job<R>, waited: bool) {
+        if waited {
+            self.started_after_wait.push(lane);
+        }
         self.receipts[lane] = Some(job.receipt);
         self.running[lane].set(Some((self.start)(job.incoming)));
         self.busy += 1;
@@ -232,7 +283,7 @@ where
             self.spare.push(spare);
         }
         if let Some(next) = self.queues[lane].pop_front() {
-            self.start(lane, next);
+            self.start_after(lane, next, true);
         }
         Poll::Ready(Done { receipt, fate })
     }
@@ -241,6 +292,18 @@ where
         if let Some(in_flight) = &self.published {
             in_flight.running.store(self.busy, Ordering::Relaxed);
         }
+    }
+
+    /// The next lane that started a delivery which had waited, with that delivery's
+    /// receipt (still running: its future was not polled since).
+    #[inline]
+    pub(crate) fn started_after_wait(&mut self) -> Option<&R> {
+        while let Some(lane) = self.started_after_wait.pop() {
+            if self.receipts[lane].is_some() {
+                return self.receipts[lane].as_ref();
+            }
+        }
+        None
     }
 
     /// Nothing running and nothing queued.
