@@ -20,6 +20,10 @@ pub struct Declaration {
     /// The handler deadline (SPEC G1), once the app resolved it: a transport that keeps
     /// a running delivery alive (JetStream `+WPI`) stops doing so past it.
     pub handler_timeout: Option<Duration>,
+    /// How many deliveries the subscription may hold at once (SPEC G5), once the app
+    /// resolved it: a transport whose client buffers what the broker sends ahead
+    /// (RabbitMQ's prefetch) sends no more ahead than this.
+    pub max_in_flight: Option<usize>,
 }
 
 impl Declaration {

@@ -2,12 +2,13 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use rdkafka::ClientContext;
 use rdkafka::client::OAuthToken;
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::consumer::{BaseConsumer, ConsumerContext, Rebalance};
+use rdkafka::error::KafkaError;
 
 use crate::security::OAuthBearer;
 
@@ -53,11 +54,35 @@ impl Moves {
 #[derive(Debug, Clone, Default)]
 pub struct KafkaContext {
     oauth: Option<OAuthBearer>,
+    /// Where the start's metadata probe keeps librdkafka's last error event (an
+    /// authentication or TLS failure shows only there), for its start error.
+    last_error: Option<Arc<Mutex<Option<String>>>>,
 }
 
 impl KafkaContext {
     pub(crate) fn new(oauth: Option<OAuthBearer>) -> Self {
-        Self { oauth }
+        Self {
+            oauth,
+            last_error: None,
+        }
+    }
+
+    /// This context, keeping librdkafka's error events for [`last_error`](Self::last_error).
+    pub(crate) fn recording_errors(&self) -> Self {
+        Self {
+            oauth: self.oauth.clone(),
+            last_error: Some(Arc::default()),
+        }
+    }
+
+    /// The last error event librdkafka reported to this context, when it keeps them:
+    /// the cause of a failed start that a metadata timeout alone does not tell.
+    pub(crate) fn last_error(&self) -> Option<String> {
+        self.last_error
+            .as_ref()?
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     pub(crate) fn has_token_callback(&self) -> bool {
@@ -81,6 +106,21 @@ impl ClientContext for KafkaContext {
                 tracing::info!(target: "librdkafka", facility, "{message}")
             }
             RDKafkaLogLevel::Debug => tracing::debug!(target: "librdkafka", facility, "{message}"),
+        }
+    }
+
+    /// librdkafka's error events (a broker down, an authentication or TLS failure):
+    /// logged, and kept for the start error when this context records them. Their text
+    /// names brokers and causes, never a credential.
+    fn error(&self, error: KafkaError, reason: &str) {
+        tracing::warn!(target: "librdkafka", %error, "{reason}");
+        if let Some(last) = &self.last_error {
+            let said = if reason.contains(&error.to_string()) {
+                reason.to_owned()
+            } else {
+                format!("{error}: {reason}")
+            };
+            *last.lock().unwrap_or_else(PoisonError::into_inner) = Some(said);
         }
     }
 

@@ -94,7 +94,8 @@ impl Source {
             "Kafka",
             self.kafka.brokers(),
             warn_every,
-            |_: &SubscribeError| true,
+            // Refused credentials or TLS do not get better by waiting.
+            |e: &SubscribeError| !e.to_string().contains("refused the connection"),
             || self.answers_within(timeout.min(warn_every)),
             tokio::time::sleep,
         )
@@ -105,8 +106,9 @@ impl Source {
         let brokers = self.kafka.brokers().to_owned();
         let mut config = self.kafka.client_config();
         config.set_log_level(RDKafkaLogLevel::Critical);
+        let context = self.kafka.context().recording_errors();
         let probe: Result<rdkafka::consumer::BaseConsumer<KafkaContext>, _> =
-            config.create_with_context(self.kafka.context());
+            config.create_with_context(context.clone());
         let probe = probe.map_err(|e| SubscribeError::new(&self.address, e))?;
         let serve_token = self.kafka.context().has_token_callback();
         let answer = crate::close::off_runtime(
@@ -118,19 +120,32 @@ impl Source {
                     // a poll serves, and connects only once it has one.
                     let _ = probe.poll(Duration::from_millis(200));
                 }
-                probe.fetch_metadata(None, timeout).map(drop)
+                let answer = probe.fetch_metadata(None, timeout).map(drop);
+                if answer.is_err() {
+                    // Error events (authentication, TLS) reach the context in a poll.
+                    let _ = probe.poll(Duration::from_millis(100));
+                }
+                answer
             },
         )
         .await;
+        let failed = |said: String| {
+            let reason = match context.last_error() {
+                Some(last) if is_refusal(&last) => {
+                    format!("Kafka at `{brokers}` refused the connection: {last}")
+                }
+                Some(last) => format!("{said}; librdkafka's last error: {last}"),
+                None => said,
+            };
+            Err(SubscribeError::new(&self.address, reason))
+        };
         match answer {
             Some(Ok(())) => Ok(()),
-            Some(Err(e)) => Err(SubscribeError::new(
-                &self.address,
-                format!("cannot reach Kafka at `{brokers}` within {timeout:?}: {e}"),
+            Some(Err(e)) => failed(format!(
+                "cannot reach Kafka at `{brokers}` within {timeout:?}: {e}"
             )),
-            None => Err(SubscribeError::new(
-                &self.address,
-                format!("cannot reach Kafka at `{brokers}` within {timeout:?}"),
+            None => failed(format!(
+                "cannot reach Kafka at `{brokers}` within {timeout:?}"
             )),
         }
     }
@@ -433,4 +448,13 @@ impl KafkaPartitions {
             group: PhantomData,
         }
     }
+}
+
+/// Whether librdkafka's error says the broker was reached and refused the client (its
+/// credentials, its TLS) rather than not reached.
+fn is_refusal(error: &str) -> bool {
+    let lower = error.to_ascii_lowercase();
+    ["sasl", "authentication", "ssl", "certificate", "handshake"]
+        .iter()
+        .any(|word| lower.contains(word))
 }

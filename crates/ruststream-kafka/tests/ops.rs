@@ -36,7 +36,7 @@ async fn ops_prometheus_scrapes_kafka_outcomes_and_dead_letters() {
         &running,
         "words",
         Expect {
-            error: 2.0,
+            error: 3.0,
             dead_lettered: 1.0,
             backlog: &["pending"],
         },

@@ -170,3 +170,48 @@ async fn oauthbearer_without_a_callback_says_what_is_missing() {
     )
     .await;
 }
+
+/// Issue #46, item 8: SASL against the real broker the tests run (tansu takes no SASL,
+/// so the handshake fails as refused credentials would) fails the start with librdkafka's
+/// own cause, authentication named, not "cannot reach Kafka"; a waiting start is not
+/// waited out; the password is printed nowhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_authentication_is_named_in_the_start_error() {
+    capture_logs("debug,rdkafka=debug");
+    let security = Security::Sasl(Sasl::ScramSha512 {
+        user: "billing".into(),
+        password: Secret::new(PASSWORD),
+    });
+    for waiting in [false, true] {
+        let mut kafka = Kafka::with_security(&common::brokers(), BTreeMap::new(), &security)
+            .expect("a client")
+            .connect_timeout(Duration::from_secs(5));
+        if waiting {
+            kafka = kafka.wait_for_cluster(Duration::from_secs(1));
+        }
+        let started = Instant::now();
+        let refused = App::new()
+            .register(on(
+                kafka.topic(unique("sasl")).group("billing"),
+                handler(Script::new(|_| HandlerOutcome::ack())),
+            ))
+            .start()
+            .await;
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "not waited out"
+        );
+        let Err(error @ StartError::Open { .. }) = refused else {
+            panic!("started, or refused for another reason: {refused:?}");
+        };
+        let shown = error.to_string();
+        assert!(shown.contains("refused the connection"), "{shown}");
+        assert!(
+            shown.to_ascii_lowercase().contains("sasl")
+                || shown.to_ascii_lowercase().contains("authentication"),
+            "{shown}"
+        );
+        assert!(!shown.contains(PASSWORD), "{shown}");
+    }
+    ruststream_test_support::assert_no_log_line_holds(PASSWORD);
+}

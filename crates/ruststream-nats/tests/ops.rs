@@ -39,7 +39,7 @@ async fn ops_prometheus_scrapes_jetstream_outcomes_and_dead_letters() {
         &running,
         "words",
         Expect {
-            error: 2.0,
+            error: 3.0,
             dead_lettered: 1.0,
             backlog: &["pending", "ack_pending"],
         },

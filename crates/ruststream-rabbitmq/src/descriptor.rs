@@ -182,7 +182,7 @@ impl Descriptor for RabbitQueue {
         Arc::new(self.rabbit.publisher())
     }
 
-    async fn open(self, _declaration: &Declaration) -> Result<RabbitSubscription, SubscribeError> {
+    async fn open(self, declaration: &Declaration) -> Result<RabbitSubscription, SubscribeError> {
         let connection = self
             .rabbit
             .link
@@ -193,10 +193,20 @@ impl Descriptor for RabbitQueue {
         if !self.bindings.is_empty() {
             bind(&connection, &self.queue, &self.bindings).await?;
         }
+        if self.kind == QueueKind::Quorum {
+            crate::limit::check_delivery_limit(&connection, &self.queue, declaration).await?;
+        }
+        // What the broker sends ahead is held by the service as surely as what runs: it
+        // counts toward max_in_flight (G5), so the broker sends no more than that.
+        let bound = declaration.max_in_flight.unwrap_or(usize::MAX);
+        let prefetch = self
+            .prefetch
+            .min(u16::try_from(bound).unwrap_or(u16::MAX))
+            .max(1);
         RabbitSubscription::open(
             Arc::clone(&self.rabbit.link),
             &self.queue,
-            self.prefetch,
+            prefetch,
             self.kind == QueueKind::Quorum,
         )
         .await

@@ -52,6 +52,7 @@
 //! ```
 
 mod descriptor;
+mod limit;
 mod link;
 mod publish;
 mod requeue;

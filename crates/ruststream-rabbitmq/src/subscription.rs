@@ -322,6 +322,36 @@ impl Subscription for RabbitSubscription {
         self.nack_due().await;
     }
 
+    /// `pending`: the queue's ready messages, not yet delivered to any consumer (a
+    /// passive `queue.declare`'s `message_count`, on a channel of its own).
+    fn backlog(&self) -> Option<ruststream_core::BacklogProbe> {
+        let (link, queue) = (Arc::clone(&self.link), Arc::clone(&self.address));
+        Some(Arc::new(move || {
+            let (link, queue) = (Arc::clone(&link), Arc::clone(&queue));
+            Box::pin(async move {
+                let connection = link.connected().await.map_err(|e| e.to_string())?;
+                let channel = connection
+                    .create_channel()
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let passive = lapin::options::QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                };
+                let state = channel
+                    .queue_declare(ShortString::from(&*queue), passive, FieldTable::default())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let _ = channel.close(200, ShortString::from("measured")).await;
+                Ok(vec![ruststream_core::Backlog {
+                    kind: "pending",
+                    partition: None,
+                    value: u64::from(state.message_count()),
+                }])
+            })
+        }))
+    }
+
     fn link(&self) -> Option<ruststream_core::LinkProbe> {
         let link = Arc::clone(&self.link);
         Some(Arc::new(move || link.is_up()))

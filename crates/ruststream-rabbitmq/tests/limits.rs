@@ -10,7 +10,7 @@ use std::time::Duration;
 use lapin::options::BasicGetOptions;
 use lapin::types::ShortString;
 use ruststream::{App, HandlerOutcome, Headers, on};
-use ruststream_rabbitmq::{RabbitMq, lapin};
+use ruststream_rabbitmq::{QueueKind, RabbitMq, lapin};
 use ruststream_test_support::{Script, handler, logs, unique_suffix};
 
 use common::{declare, rabbit};
@@ -126,4 +126,109 @@ async fn r3_an_undeclared_retry_on_a_classic_queue_is_counted_slowed_and_warned(
             && l.contains("attempt=10")),
         "attempt 10 reported at WARN"
     );
+}
+
+/// Issue #46, item 11: a quorum queue whose own `x-delivery-limit` is at or below
+/// `max_attempts` would drop a message before the runtime's last attempt and dead
+/// letter: the start is refused, naming the limit; a limit above the cap starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r5_a_quorum_delivery_limit_at_or_below_max_attempts_is_refused() {
+    use lapin::types::AMQPValue;
+    let rabbit = rabbit().await;
+    let (low, high, dead) = (
+        format!("limit-low-{}", unique_suffix()),
+        format!("limit-high-{}", unique_suffix()),
+        format!("limit-dead-{}", unique_suffix()),
+    );
+    for (queue, limit) in [(&low, 3), (&high, 10)] {
+        declare(
+            &rabbit,
+            queue,
+            &[
+                ("x-queue-type", common::text("quorum")),
+                ("x-delivery-limit", AMQPValue::LongLongInt(limit)),
+            ],
+        )
+        .await;
+    }
+    declare(&rabbit, &dead, &[]).await;
+    let register = |queue: &str| {
+        on(
+            rabbit.queue(queue).kind(QueueKind::Quorum),
+            handler(Script::new(|_| HandlerOutcome::ack())),
+        )
+        .max_attempts(3)
+        .dead_letter(&dead)
+    };
+    let refused = App::new().register(register(&low)).start().await;
+    let Err(error) = refused else {
+        panic!(
+            "a delivery limit of 3 under max_attempts(3) started: {}",
+            logs()
+        );
+    };
+    let shown = error.to_string();
+    assert!(shown.contains("x-delivery-limit is 3"), "{shown}");
+    assert!(shown.contains(&low), "{shown}");
+    let running = App::new()
+        .register(register(&high))
+        .start()
+        .await
+        .expect("a limit above the cap starts");
+    running.stop().await;
+}
+
+/// Issue #46, item 11: what the broker sends ahead counts toward `max_in_flight` (G5):
+/// with `max_in_flight(3)` and handlers that hang, the broker holds at most 3 of 50
+/// messages unacknowledged (the prefetch is cut to the bound). Before: the default
+/// prefetch of 256 sent everything ahead (300 MB resident with `in_flight` 3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g5_rabbitmq_prefetch_counts_toward_max_in_flight() {
+    let rabbit = rabbit().await;
+    let queue = format!("bounded-{}", unique_suffix());
+    declare(&rabbit, &queue, &[]).await;
+    for n in 0..50 {
+        rabbit
+            .publisher()
+            .send(&queue, &Headers::new(), format!("{n}").as_bytes())
+            .await
+            .expect("published");
+    }
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let hangs = {
+        let gate = Arc::clone(&gate);
+        move |_: ruststream::Delivery| {
+            let gate = Arc::clone(&gate);
+            async move {
+                let _ = gate.acquire().await;
+                HandlerOutcome::ack()
+            }
+        }
+    };
+    let running = App::new()
+        .register(on(rabbit.queue(&queue), hangs).lanes(2).max_in_flight(3))
+        .start()
+        .await
+        .expect("starts");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let channel = rabbit.connection().create_channel().await.expect("channel");
+    let passive = lapin::options::QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    let state = channel
+        .queue_declare(
+            ShortString::from(queue.as_str()),
+            passive,
+            Default::default(),
+        )
+        .await
+        .expect("passive declare");
+    let unacknowledged = 50 - state.message_count();
+    assert!(
+        (1..=3).contains(&unacknowledged),
+        "{unacknowledged} sent ahead with max_in_flight(3)"
+    );
+    gate.add_permits(100);
+    running.stop().await;
 }

@@ -111,6 +111,48 @@ fn departed(name: &str, host: &str, me: u32) -> bool {
     named_on == host && pid != me && !std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
 
+/// The group's backlog (see `RedisSubscription::backlog`).
+pub(crate) async fn backlog(
+    commands: &mut ConnectionManager,
+    shared: &crate::reader::Shared,
+) -> Result<Vec<ruststream_core::Backlog>, String> {
+    let groups: Vec<std::collections::HashMap<String, redis::Value>> = redis::cmd("XINFO")
+        .arg("GROUPS")
+        .arg(&*shared.stream)
+        .query_async(commands)
+        .await
+        .map_err(|e| e.to_string())?;
+    let group = groups
+        .into_iter()
+        .find(|g| {
+            g.get("name")
+                .and_then(|n| redis::from_redis_value::<String>(n.clone()).ok())
+                .is_some_and(|n| n == shared.group)
+        })
+        .ok_or_else(|| format!("no group `{}` on the stream", shared.group))?;
+    let figure = |name: &str| {
+        group
+            .get(name)
+            .and_then(|v| redis::from_redis_value::<u64>(v.clone()).ok())
+    };
+    let mut backlog = Vec::with_capacity(2);
+    if let Some(lag) = figure("lag") {
+        backlog.push(ruststream_core::Backlog {
+            kind: "pending",
+            partition: None,
+            value: lag,
+        });
+    }
+    if let Some(pending) = figure("pending") {
+        backlog.push(ruststream_core::Backlog {
+            kind: "ack_pending",
+            partition: None,
+            value: pending,
+        });
+    }
+    Ok(backlog)
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

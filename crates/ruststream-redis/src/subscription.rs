@@ -349,6 +349,18 @@ impl Subscription for RedisSubscription {
         }
     }
 
+    /// `pending`: entries of the stream the group has not read yet (`XINFO GROUPS`
+    /// `lag`; unknown, so left out, after the stream was trimmed past the group's last
+    /// read or on Redis before 7); `ack_pending`: entries read and not acknowledged
+    /// (the group's `pending`).
+    fn backlog(&self) -> Option<ruststream_core::BacklogProbe> {
+        let (commands, shared) = (self.commands.clone(), Arc::clone(&self.shared));
+        Some(Arc::new(move || {
+            let (mut commands, shared) = (commands.clone(), Arc::clone(&shared));
+            Box::pin(async move { crate::consumers::backlog(&mut commands, &shared).await })
+        }))
+    }
+
     fn link(&self) -> Option<ruststream_core::LinkProbe> {
         let shared = Arc::clone(&self.shared);
         Some(Arc::new(move || shared.up.load(Ordering::Relaxed)))

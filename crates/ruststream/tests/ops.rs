@@ -47,8 +47,10 @@ async fn ops_metrics_count_every_outcome_copy_and_dead_letter() {
     ] {
         publisher.to("words").send(word).await.unwrap();
     }
-    wait_until("three dead letters", || {
-        broker.published("words.dead").len() == 3
+    // And one that does not decode: dead-lettered at once, counted as undecodable.
+    publisher.to("words").send_bytes("not json").await.unwrap();
+    wait_until("four dead letters", || {
+        broker.published("words.dead").len() == 4
     })
     .await;
     wait_until("nothing in flight", || running.in_flight() == 0).await;
@@ -66,33 +68,32 @@ async fn ops_metrics_count_every_outcome_copy_and_dead_letter() {
         parts.extend(kind.as_deref());
         sample(&metrics, name, &parts)
     };
-    // 8 originals + 2 retry copies for each of the 3 that never succeed.
+    // 9 originals + 2 retry copies for each of the 3 that never succeed.
     assert_eq!(
         count("ruststream_deliveries_total", None),
-        14.0,
+        15.0,
         "{metrics}"
     );
     assert_eq!(count("ruststream_outcomes_total", Some("ack")), 3.0);
     assert_eq!(count("ruststream_outcomes_total", Some("drop")), 2.0);
-    // Attempts 1 and 2 answer as the handler did; the third is dead-lettered.
-    assert_eq!(count("ruststream_outcomes_total", Some("error")), 2.0);
-    assert_eq!(count("ruststream_outcomes_total", Some("retry")), 2.0);
-    assert_eq!(count("ruststream_outcomes_total", Some("retry_after")), 2.0);
-    assert_eq!(
-        count("ruststream_outcomes_total", Some("dead_lettered")),
-        3.0
-    );
+    // Every attempt counts as the handler answered, the last ones too (issue #46): the
+    // dead letters are counted apart, once confirmed.
+    assert_eq!(count("ruststream_outcomes_total", Some("error")), 3.0);
+    assert_eq!(count("ruststream_outcomes_total", Some("retry")), 3.0);
+    assert_eq!(count("ruststream_outcomes_total", Some("retry_after")), 3.0);
+    assert_eq!(count("ruststream_outcomes_total", Some("undecodable")), 1.0);
+    assert!(!metrics.contains("dead_lettered"), "no such kind any more");
     assert_eq!(
         count("ruststream_copies_published_total", Some("retry_copy")),
         6.0
     );
     assert_eq!(
         count("ruststream_copies_published_total", Some("dead_letter")),
-        3.0
+        4.0
     );
     assert_eq!(
         count("ruststream_handler_duration_seconds_count", None),
-        14.0
+        15.0
     );
     assert_eq!(count("ruststream_in_flight", None), 0.0);
     assert_eq!(count("ruststream_delayed", None), 0.0);

@@ -15,7 +15,7 @@ use crate::in_flight::InFlight;
 use crate::middleware::Completion;
 use std::time::Duration;
 
-use ruststream_core::{BacklogProbe, CopyTarget, OutcomeKind, Plan};
+use ruststream_core::{BacklogProbe, OutcomeKind};
 
 /// The labels every series of a registration carries.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -55,9 +55,6 @@ pub(crate) enum Outcome {
     Drop,
     Retry,
     RetryAfter,
-    /// The runtime moved it to the dead-letter address (attempts exhausted, or an
-    /// undecodable payload under the dead-letter policy).
-    DeadLettered,
     /// The handler returned `Err`.
     Error,
     Panicked,
@@ -66,12 +63,11 @@ pub(crate) enum Outcome {
 }
 
 impl Outcome {
-    const ALL: [Self; 9] = [
+    const ALL: [Self; 8] = [
         Self::Ack,
         Self::Drop,
         Self::Retry,
         Self::RetryAfter,
-        Self::DeadLettered,
         Self::Error,
         Self::Panicked,
         Self::TimedOut,
@@ -84,7 +80,6 @@ impl Outcome {
             Self::Drop => "drop",
             Self::Retry => "retry",
             Self::RetryAfter => "retry_after",
-            Self::DeadLettered => "dead_lettered",
             Self::Error => "error",
             Self::Panicked => "panicked",
             Self::TimedOut => "timed_out",
@@ -92,15 +87,10 @@ impl Outcome {
         }
     }
 
-    /// The outcome of a handled delivery: a dead letter the plan sends counts as such,
-    /// whatever the handler answered; otherwise the handler's answer.
-    pub(crate) fn of(completion: &Completion, plan: &Plan) -> Self {
-        if plan
-            .copy
-            .is_some_and(|copy| copy.target == CopyTarget::DeadLetter)
-        {
-            return Self::DeadLettered;
-        }
+    /// The outcome of a handled delivery: what the handler answered (or why there was no
+    /// answer), the same on every transport whatever the plan made of it. Dead letters
+    /// are counted once confirmed, in `ruststream_copies_published_total{kind="dead_letter"}`.
+    pub(crate) fn of(completion: &Completion) -> Self {
         match completion {
             Completion::Outcome(outcome) => match outcome.kind() {
                 OutcomeKind::Ack => Self::Ack,
@@ -350,7 +340,7 @@ impl Metrics {
 #[derive(Clone)]
 pub(crate) struct Instruments {
     pub(crate) deliveries: Counter,
-    outcomes: [Counter; 9],
+    outcomes: [Counter; 8],
     pub(crate) duration: Histogram,
     pub(crate) delayed: Gauge,
     copies: [Counter; 2],
@@ -416,8 +406,8 @@ mod series {
 
     pub(super) const OUTCOMES: Series = Series {
         name: "ruststream_outcomes",
-        help: "Handled deliveries by how they ended (kind: ack, drop, retry, retry_after, \
-                 dead_lettered, error, panicked, timed_out, undecodable)",
+        help: "Handled deliveries by what the handler answered (kind: ack, drop, retry, \
+                 retry_after, error, panicked, timed_out, undecodable)",
     };
 
     pub(super) const DURATION: Series = Series {

@@ -16,16 +16,16 @@
 //! | series | what |
 //! |---|---|
 //! | `ruststream_deliveries_total` | deliveries fetched |
-//! | `ruststream_outcomes_total{kind}` | handled deliveries by how they ended: `ack`, `drop`, `retry`, `retry_after`, `dead_lettered` (the runtime published it to the dead-letter address), `error` (the handler returned `Err`), `panicked`, `timed_out`, `undecodable` |
+//! | `ruststream_outcomes_total{kind}` | attempts by what the handler answered, the same on every transport: `ack`, `drop`, `retry`, `retry_after`, `error` (the handler returned `Err`), `panicked`, `timed_out`, `undecodable` (the payload did not decode; it counts so whatever the failure policy makes of it) |
 //! | `ruststream_handler_duration_seconds` | histogram, from the call (extractors included) to the answer |
 //! | `ruststream_in_flight` | fetched and not settled: running, queued for a lane, or waiting for a delayed copy |
 //! | `ruststream_running` | of those, a handler runs for now |
 //! | `ruststream_delayed` | of those, waiting in this process for a delayed retry copy (the rest, `in_flight - running - delayed`, is queued for a lane) |
-//! | `ruststream_copies_published_total{kind}` | `retry_copy`, `dead_letter`: published and confirmed before the original settled |
+//! | `ruststream_copies_published_total{kind}` | `retry_copy`, `dead_letter`: published and confirmed before the original settled; a dead letter the subscription moves in one step (Redis) counts here too, once confirmed. Pulsar's dead letters are written by the client's own policy, out of the runtime's sight: not counted |
 //! | `ruststream_copy_failures_total{kind}` | `transient` (tried again), `refused` (the original comes back later or is held), `lost` (nothing can bring the original back: Core NATS) |
 //! | `ruststream_settle_errors_total{kind}` | `failed` (the broker or connection failed it), `unsupported` (the transport has no such operation, e.g. every Core NATS ack, by design) |
 //! | `ruststream_fetch_errors_total` | fetches that failed (a broker down shows here) |
-//! | `ruststream_backlog{kind, partition}` | asked of the broker at each scrape: `pending` (Kafka: high watermark − committed, per partition; JetStream: `num_pending`), `ack_pending` (JetStream: delivered, not acknowledged), `slow_consumer_dropped` (Core NATS: messages the client dropped for the subscription since the start). Pulsar: none yet (the client does not expose the backlog; the broker's admin API does) |
+//! | `ruststream_backlog{kind, partition}` | asked of the broker at each scrape: `pending` (Kafka: high watermark − committed, per partition; JetStream: `num_pending`), `ack_pending` (JetStream: delivered, not acknowledged), `slow_consumer_dropped` (Core NATS: at least this many messages the client dropped for the subscription since the start; see below). Redis: `pending` (`XINFO GROUPS` `lag`) and `ack_pending` (the group's pending entries). RabbitMQ: `pending` (the queue's ready messages). Pulsar: none yet (the client does not expose the backlog; the broker's admin API does) |
 //!
 //! What to alert on is in the README ("Operating a service").
 

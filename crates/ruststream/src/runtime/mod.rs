@@ -45,6 +45,7 @@ impl<D: Descriptor, S: Service> Mount for Registration<D, S> {
             let deadline = this.options.timeout.unwrap_or(env.handler_timeout);
             let mut declaration = this.declaration();
             declaration.handler_timeout = Some(deadline);
+            declaration.max_in_flight = Some(this.options.max_in_flight);
             let capabilities = this.descriptor.capabilities();
             let transport = this.descriptor.transport();
             let copies = this.descriptor.publisher();

@@ -73,6 +73,7 @@ fn p5_broker_dead_letter_policy_means_the_runtime_only_nacks() {
         dead_letter: Some(Arc::from("orders-dlq")),
         retry_address: None,
         handler_timeout: None,
+        max_in_flight: None,
     };
     // Even at the cap the client's policy, not the runtime, moves the message.
     assert_eq!(

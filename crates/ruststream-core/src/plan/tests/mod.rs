@@ -82,6 +82,7 @@ fn undeclared(retry_address: Option<&str>) -> Declaration {
         dead_letter: None,
         retry_address: retry_address.map(Arc::from),
         handler_timeout: None,
+        max_in_flight: None,
     }
 }
 
@@ -91,6 +92,7 @@ fn capped(max: u32, dead_letter: Option<&str>) -> Declaration {
         dead_letter: dead_letter.map(Arc::from),
         retry_address: Some(Arc::from("orders")),
         handler_timeout: None,
+        max_in_flight: None,
     }
 }
 
