@@ -14,7 +14,7 @@ pub enum StartAt {
     Earliest,
     /// Only messages produced after the subscription is created.
     Latest,
-    /// The first message stored at or after this time, where the broker supports it
-    /// (JetStream); elsewhere the app refuses to start.
+    /// The first message stored at or after this time, where ruststream can show it
+    /// works (JetStream, Redis); on Kafka and Pulsar the app refuses to start, saying why.
     Time(SystemTime),
 }

@@ -98,18 +98,45 @@ fn statements_of(name: &str) -> Vec<String> {
     ids
 }
 
-/// The text between `<!-- tests ID -->` and `<!-- end -->`.
+/// Whether the test in `file` runs against a real broker process: a transport's own
+/// tests, the fault tests, and the conformance scenarios (which every transport's suite
+/// runs against its broker). Everything else runs on the memory broker or is a unit test.
+fn on_a_real_broker(file: &str) -> bool {
+    let transport_tests = ["nats", "kafka", "pulsar", "rabbitmq", "redis", "faults"]
+        .iter()
+        .any(|t| file.starts_with(&format!("crates/ruststream-{t}/tests/")));
+    transport_tests || file.starts_with("crates/ruststream/src/conformance/")
+}
+
+/// The text between `<!-- tests ID -->` and `<!-- end -->`: the tests against a real
+/// broker first, then those on the memory broker or in unit tests.
 fn listing(tests: Option<&Vec<(String, String)>>) -> String {
-    match tests {
-        None => "*Tested by:* nothing named after it yet.\n".to_owned(),
-        Some(tests) => {
-            let items: Vec<String> = tests
-                .iter()
-                .map(|(name, file)| format!("`{name}` (`{file}`)"))
-                .collect();
-            format!("*Tested by:* {}.\n", items.join(", "))
-        }
+    let Some(tests) = tests else {
+        return "*Tested by:* nothing named after it yet.\n".to_owned();
+    };
+    let items = |real: bool| -> Vec<String> {
+        tests
+            .iter()
+            .filter(|(_, file)| on_a_real_broker(file) == real)
+            .map(|(name, file)| format!("`{name}` (`{file}`)"))
+            .collect()
+    };
+    let (real, other) = (items(true), items(false));
+    let mut parts = Vec::new();
+    if !real.is_empty() {
+        parts.push(format!("against a real broker: {}", real.join(", ")));
     }
+    if !other.is_empty() {
+        parts.push(format!(
+            "on the memory broker or in unit tests: {}",
+            other.join(", ")
+        ));
+    }
+    let mut text = format!("*Tested by:* {}.\n", parts.join("; "));
+    if real.is_empty() {
+        text.push_str("*No test of it runs against a real broker yet.*\n");
+    }
+    text
 }
 
 /// `spec` with every listing regenerated, and the ids it has markers for.

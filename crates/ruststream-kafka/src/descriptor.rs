@@ -15,8 +15,9 @@ use crate::context::{KafkaContext, Moves, TrackingContext};
 use crate::subscription::KafkaSubscription;
 use crate::window::Window;
 
-/// How long closing a consumer may take before it is left behind.
-pub const DEFAULT_CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long closing a consumer may take before it is left behind (one consumer's part of
+/// a stop; the app's own `close_timeout` bounds the whole close).
+pub const DEFAULT_CONSUMER_CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone)]
 enum Selection {
@@ -47,7 +48,7 @@ impl Source {
             group: String::new(),
             commit: Commit::Auto,
             settings: Settings::default(),
-            close_timeout: DEFAULT_CLOSE_TIMEOUT,
+            close_timeout: DEFAULT_CONSUMER_CLOSE_TIMEOUT,
             start_at: StartAt::Earliest,
         }
     }
@@ -61,8 +62,10 @@ impl Source {
         }
         if let StartAt::Time(_) = self.start_at {
             broken.push(
-                "start_at(StartAt::Time(..)) is not supported on Kafka; read explicit offsets \
-                 with KafkaPartitions"
+                "start_at(StartAt::Time(..)) is refused on Kafka: a real cluster can start a \
+                 group at a time (offsets for times), but the broker ruststream is tested on \
+                 (tansu) answers every time lookup with offset 0, so it cannot be shown to \
+                 work; read explicit offsets with KafkaPartitions"
                     .to_owned(),
             );
         }
@@ -337,8 +340,10 @@ macro_rules! descriptor {
                 self
             }
 
-            /// How long closing the consumer may take on stop (default 10 s).
-            pub fn close_timeout(mut self, timeout: Duration) -> Self {
+            /// How long closing this consumer may take on stop (default
+            /// [`DEFAULT_CONSUMER_CLOSE_TIMEOUT`], 10 s); not to be mixed up with the app's
+            /// `close_timeout`, which bounds the whole close after the drain.
+            pub fn consumer_close_timeout(mut self, timeout: Duration) -> Self {
                 self.source.close_timeout = timeout;
                 self
             }

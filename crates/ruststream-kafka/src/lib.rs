@@ -96,7 +96,7 @@ use std::sync::Arc;
 pub use config::{AUTO_CAPABILITIES, Commit, TRACKED_CAPABILITIES, TRANSACTIONAL_CAPABILITIES};
 pub use context::KafkaContext;
 pub use descriptor::{
-    DEFAULT_CLOSE_TIMEOUT, Grouped, KafkaPartitions, KafkaTopic, KafkaTopics, NeedsGroup,
+    DEFAULT_CONSUMER_CLOSE_TIMEOUT, Grouped, KafkaPartitions, KafkaTopic, KafkaTopics, NeedsGroup,
 };
 pub use eos::{DEFAULT_COMMIT_INTERVAL, EosPipeline, EosPublisher, WindowReport};
 pub use publish::{DELIVERY_TIMEOUT, KafkaPublisher, Landed, Partition};

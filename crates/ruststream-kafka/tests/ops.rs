@@ -6,7 +6,7 @@ use common::{create_topic, kafka, produce, topic, unique};
 use ruststream::{App, Headers, on};
 use ruststream_kafka::Commit;
 use ruststream_test_support::ops::{
-    Expect, WORDS, answer, assert_scraped, backlog_becomes, held, payload,
+    Expect, UNDECODABLE, WORDS, answer, assert_scraped, backlog_becomes, held, payload,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -30,6 +30,7 @@ async fn ops_prometheus_scrapes_kafka_outcomes_and_dead_letters() {
     for word in WORDS {
         produce(&kafka, &name, None, &payload(word), &Headers::new()).await;
     }
+    produce(&kafka, &name, None, UNDECODABLE, &Headers::new()).await;
     // Tracked retries run again in place (K4): attempts 1 and 2 fail, the third is
     // dead-lettered.
     assert_scraped(
@@ -37,7 +38,9 @@ async fn ops_prometheus_scrapes_kafka_outcomes_and_dead_letters() {
         "words",
         Expect {
             error: 3.0,
-            dead_lettered: 1.0,
+            undecodable: 1.0,
+            stamped: true,
+            dead_lettered: 2.0,
             backlog: &["pending"],
         },
     )

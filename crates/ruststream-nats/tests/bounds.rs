@@ -166,3 +166,45 @@ async fn g7_a_waiting_start_warns_once_per_interval_and_connects_when_the_server
         took.as_secs_f64()
     );
 }
+
+/// Issue #47 (G8): a new durable consumer started at a time reads only what the stream
+/// stored at or after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g8_a_new_durable_consumer_started_at_a_time_reads_from_there() {
+    let nats = nats().await;
+    let name = unique("G8TIME");
+    create_stream(&nats, &name, std::slice::from_ref(&name)).await;
+    let send = |payload: &'static [u8]| {
+        let (nats, name) = (nats.clone(), name.clone());
+        async move {
+            nats.publisher()
+                .jetstream(&name, &Headers::new(), Bytes::from_static(payload), None)
+                .await
+                .expect("publish");
+        }
+    };
+    send(b"before-1").await;
+    send(b"before-2").await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let at = std::time::SystemTime::now();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    send(b"after-1").await;
+    send(b"after-2").await;
+    let script = Script::new(|_| HandlerOutcome::ack());
+    let app = App::new()
+        .register(on(
+            nats.consumer(&name, "timed").start_at(StartAt::Time(at)),
+            handler(Arc::clone(&script)),
+        ))
+        .start()
+        .await
+        .expect("start");
+    eventually(Duration::from_secs(10), "the 2 later messages", || {
+        script.count() >= 2
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    app.stop().await;
+    let seen: Vec<Bytes> = script.calls().into_iter().map(|c| c.payload).collect();
+    assert_eq!(seen, [&b"after-1"[..], &b"after-2"[..]]);
+}

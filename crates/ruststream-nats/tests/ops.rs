@@ -7,8 +7,8 @@ use std::time::Duration;
 use common::{create_stream, nats, unique};
 use ruststream::{App, Headers, on};
 use ruststream_test_support::ops::{
-    Expect, WORDS, answer, assert_dashboard_queries, assert_scraped, backlog_becomes, get, held,
-    payload,
+    Expect, UNDECODABLE, WORDS, answer, assert_dashboard_queries, assert_scraped, backlog_becomes,
+    get, held, payload,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -35,12 +35,23 @@ async fn ops_prometheus_scrapes_jetstream_outcomes_and_dead_letters() {
             .await
             .expect("publish");
     }
+    nats.publisher()
+        .jetstream(
+            &name,
+            &Headers::new(),
+            bytes::Bytes::from_static(UNDECODABLE),
+            None,
+        )
+        .await
+        .expect("publish");
     let prometheus = assert_scraped(
         &running,
         "words",
         Expect {
             error: 3.0,
-            dead_lettered: 1.0,
+            undecodable: 1.0,
+            stamped: true,
+            dead_lettered: 2.0,
             backlog: &["pending", "ack_pending"],
         },
     )

@@ -161,7 +161,7 @@ impl Descriptor for PulsarTopic {
         }
         if let StartAt::Time(_) = self.start_at {
             broken.push(
-                "start_at(StartAt::Time(..)) is not supported on Pulsar: a new subscription starts at the earliest or the latest message".to_owned(),
+                "start_at(StartAt::Time(..)) is refused on Pulsar: a real broker can seek a subscription to a time, but on the broker ruststream is tested on (pulsar-lite) a seek by time does not redeliver to the consumer that asked, so it cannot be shown to work; a new subscription starts at the earliest or the latest message".to_owned(),
             );
         }
         if let (Some(delay), Some(timeout)) = (self.longest_delay, self.ack_timeout)

@@ -42,6 +42,8 @@ async fn ops_prometheus_scrapes_pulsar_outcomes() {
         "words",
         Expect {
             error: 3.0,
+            undecodable: 0.0,
+            stamped: true,
             dead_lettered: 0.0,
             backlog: &[],
         },

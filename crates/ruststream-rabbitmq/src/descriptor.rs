@@ -193,8 +193,12 @@ impl Descriptor for RabbitQueue {
         if !self.bindings.is_empty() {
             bind(&connection, &self.queue, &self.bindings).await?;
         }
+        if !self.declare {
+            // Declaring checked the kind already (R6).
+            crate::probe::check_kind(&connection, &self.queue, self.kind).await?;
+        }
         if self.kind == QueueKind::Quorum {
-            crate::limit::check_delivery_limit(&connection, &self.queue, declaration).await?;
+            crate::probe::check_delivery_limit(&connection, &self.queue, declaration).await?;
         }
         // What the broker sends ahead is held by the service as surely as what runs: it
         // counts toward max_in_flight (G5), so the broker sends no more than that.

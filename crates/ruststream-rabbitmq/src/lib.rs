@@ -52,8 +52,8 @@
 //! ```
 
 mod descriptor;
-mod limit;
 mod link;
+mod probe;
 mod publish;
 mod requeue;
 pub mod subscription;

@@ -91,7 +91,7 @@ async fn g3_a_retry_copy_over_frame_max_goes_to_the_dead_letter_and_the_connecti
 /// waits a floor (10 ms doubling to 1 s), and attempt 10 is reported at WARN (SPEC G2).
 /// Before: 11,727 runs in 15 s, every one at attempt 1, and no WARN.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn r3_an_undeclared_retry_on_a_classic_queue_is_counted_slowed_and_warned() {
+async fn r2_r3_an_undeclared_retry_on_a_classic_queue_is_counted_slowed_and_warned() {
     let rabbit = rabbit().await;
     let queue = format!("spin-{}", unique_suffix());
     declare(&rabbit, &queue, &[]).await;
@@ -231,4 +231,49 @@ async fn g5_rabbitmq_prefetch_counts_toward_max_in_flight() {
     );
     gate.add_permits(100);
     running.stop().await;
+}
+
+/// Issue #47, item 7: a queue the service does not declare is checked too: read as the
+/// wrong kind (a classic queue as quorum, a quorum queue as classic), the start is
+/// refused naming the queue and its kind; read as its own kind it starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r6_an_undeclared_queue_of_another_kind_is_refused_at_start() {
+    let rabbit = rabbit().await;
+    let (classic, quorum) = (
+        format!("r6-classic-{}", unique_suffix()),
+        format!("r6-quorum-{}", unique_suffix()),
+    );
+    declare(&rabbit, &classic, &[]).await;
+    declare(
+        &rabbit,
+        &quorum,
+        &[("x-queue-type", common::text("quorum"))],
+    )
+    .await;
+    for (queue, wrong, right) in [
+        (&classic, QueueKind::Quorum, QueueKind::Classic),
+        (&quorum, QueueKind::Classic, QueueKind::Quorum),
+    ] {
+        let reading = |kind| {
+            on(
+                rabbit.queue(queue).kind(kind),
+                handler(Script::new(|_| HandlerOutcome::ack())),
+            )
+        };
+        let refused = App::new().register(reading(wrong)).start().await;
+        let Err(error) = refused else {
+            panic!("{queue} read as {wrong:?} started");
+        };
+        let shown = error.to_string();
+        assert!(
+            shown.contains(queue.as_str()) && shown.contains("x-queue-type"),
+            "{shown}"
+        );
+        let running = App::new()
+            .register(reading(right))
+            .start()
+            .await
+            .unwrap_or_else(|e| panic!("{queue} read as {right:?}: {e}"));
+        running.stop().await;
+    }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use common::{declare, rabbit};
 use ruststream::{App, Headers, on};
 use ruststream_test_support::ops::{
-    Expect, WORDS, answer, assert_scraped, backlog_becomes, held, payload,
+    Expect, UNDECODABLE, WORDS, answer, assert_scraped, backlog_becomes, held, payload,
 };
 use ruststream_test_support::unique_suffix;
 
@@ -40,12 +40,19 @@ async fn ops_prometheus_scrapes_rabbitmq_outcomes_and_dead_letters() {
             .await
             .expect("published");
     }
+    rabbit
+        .publisher()
+        .send(&queue, &Headers::new(), UNDECODABLE)
+        .await
+        .expect("published");
     assert_scraped(
         &running,
         "words",
         Expect {
             error: 3.0,
-            dead_lettered: 1.0,
+            undecodable: 1.0,
+            stamped: false,
+            dead_lettered: 2.0,
             backlog: &["pending"],
         },
     )

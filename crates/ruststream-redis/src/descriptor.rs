@@ -12,14 +12,27 @@ use ruststream_core::{
 use crate::Redis;
 use crate::subscription::RedisSubscription;
 
-/// Where a consumer group created at start begins reading.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum StartAt {
-    /// Every entry already in the stream (`0`), like every other transport's default.
-    #[default]
-    Earliest,
-    /// Only entries added after the group was created (`$`).
-    Latest,
+pub use ruststream_core::StartAt;
+
+/// The id a group created at `start` begins after (`XGROUP CREATE`): `0` (every entry),
+/// `$` (only new ones), or for a time the last id before it, since an entry id is the
+/// millisecond it was added (`<ms>-<seq>`): the group reads every entry added at or
+/// after that time.
+pub(crate) fn group_start(start: StartAt) -> String {
+    match start {
+        StartAt::Latest => "$".to_owned(),
+        StartAt::Time(time) => {
+            let ms = time
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+            match ms.checked_sub(1) {
+                Some(before) => format!("{before}-{}", u64::MAX),
+                None => "0".to_owned(),
+            }
+        }
+        // `Earliest`, and whatever later versions of `StartAt` add.
+        _ => "0".to_owned(),
+    }
 }
 
 /// How long an entry nobody keeps alive stays with the consumer that read it before
@@ -74,8 +87,10 @@ impl RedisStream {
     }
 
     /// Where the group begins when it is created at start (default
-    /// [`StartAt::Earliest`]); an existing group keeps its position.
-    pub fn start(mut self, start: StartAt) -> Self {
+    /// [`StartAt::Earliest`]; `Latest` reads only entries added after; `Time(t)` every
+    /// entry added at or after `t`, as entry ids are times); an existing group keeps its
+    /// position (SPEC G8).
+    pub fn start_at(mut self, start: StartAt) -> Self {
         self.start = start;
         self
     }

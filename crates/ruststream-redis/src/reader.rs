@@ -34,7 +34,7 @@ pub(crate) struct Shared {
     pub(crate) claim_timeout: Duration,
     pub(crate) batch: usize,
     /// Where the group begins when it has to be created (`0` or `$`).
-    pub(crate) start: &'static str,
+    pub(crate) start: String,
     /// Entries live in this service (read ahead, running, waiting out `retry_after`):
     /// kept alive, and never claimed again by this service's own recovery.
     pub(crate) known: Mutex<HashSet<EntryId>>,
@@ -94,10 +94,10 @@ async fn recreate_if_gone(
     tracing::warn!(
         stream = &*shared.stream,
         group = &shared.group,
-        start = shared.start,
+        start = %shared.start,
         "the consumer group is gone (a server that lost its data?): creating it again"
     );
-    if let Err(e) = create_group(commands, &shared.stream, &shared.group, shared.start).await {
+    if let Err(e) = create_group(commands, &shared.stream, &shared.group, &shared.start).await {
         tracing::debug!(stream = &*shared.stream, error = %e, "creating the group again failed");
     }
 }

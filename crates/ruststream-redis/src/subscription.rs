@@ -21,7 +21,7 @@ use ruststream_core::{
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::descriptor::{RedisStream, StartAt};
+use crate::descriptor::{RedisStream, group_start};
 use crate::entry::{Entry, EntryId, entries};
 use crate::reader::{LONGEST_BLOCK, Reader, Shared, create_group};
 
@@ -68,11 +68,8 @@ impl RedisSubscription {
     ) -> Result<Self, SubscribeError> {
         let stream = descriptor.stream.as_str();
         let mut commands = descriptor.redis.connection();
-        let start = match descriptor.start {
-            StartAt::Earliest => "0",
-            StartAt::Latest => "$",
-        };
-        create_group(&mut commands, stream, &descriptor.group, start)
+        let start = group_start(descriptor.start);
+        create_group(&mut commands, stream, &descriptor.group, &start)
             .await
             .map_err(|e| {
                 SubscribeError::new(

@@ -8,7 +8,7 @@ use std::time::Duration;
 use common::redis;
 use ruststream::{App, Headers, on};
 use ruststream_test_support::ops::{
-    Expect, WORDS, answer, assert_scraped, backlog_becomes, held, payload,
+    Expect, UNDECODABLE, WORDS, answer, assert_scraped, backlog_becomes, held, payload,
 };
 use ruststream_test_support::unique_suffix;
 
@@ -34,12 +34,19 @@ async fn ops_prometheus_scrapes_redis_outcomes_and_dead_letters() {
             .await
             .expect("XADD");
     }
+    redis
+        .publisher()
+        .send(&key, &Headers::new(), UNDECODABLE)
+        .await
+        .expect("XADD");
     assert_scraped(
         &running,
         "words",
         Expect {
             error: 3.0,
-            dead_lettered: 1.0,
+            undecodable: 1.0,
+            stamped: true,
+            dead_lettered: 2.0,
             backlog: &["pending", "ack_pending"],
         },
     )

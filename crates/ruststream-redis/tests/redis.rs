@@ -691,3 +691,74 @@ async fn s1_consumers_named_here_leave_the_group_once_they_hold_nothing() {
         "only the departed consumer holding an entry stays"
     );
 }
+
+/// Issue #47 (G8, S1): a group created at a time reads only the entries added at or after
+/// it (an entry id is the millisecond it was added); one created at `Latest` only those
+/// added after it; the default reads every entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g8_a_new_group_starts_at_the_earliest_entry_a_time_or_the_latest() {
+    use ruststream_redis::StartAt;
+    let redis = redis().await;
+    let key = stream("g8-start");
+    let send = |payload: &'static str| {
+        let (redis, key) = (redis.clone(), key.clone());
+        async move {
+            redis
+                .publisher()
+                .send(&key, &Headers::new(), payload.as_bytes())
+                .await
+                .expect("XADD");
+        }
+    };
+    send("before").await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let at = std::time::SystemTime::now();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    send("after").await;
+    let read = |group: &'static str, start: StartAt| {
+        let (redis, key) = (redis.clone(), key.clone());
+        async move {
+            let script = Script::new(|_| HandlerOutcome::ack());
+            let running = App::new()
+                .register(on(
+                    redis.stream(&key, group).start_at(start),
+                    handler(Arc::clone(&script)),
+                ))
+                .start()
+                .await
+                .expect("starts");
+            (running, script)
+        }
+    };
+    let payloads = |script: &Script| -> Vec<String> {
+        script
+            .calls()
+            .iter()
+            .map(|c| String::from_utf8_lossy(&c.payload).into_owned())
+            .collect()
+    };
+    let (running, earliest) = read("earliest", StartAt::default()).await;
+    eventually(Duration::from_secs(10), "both entries", || {
+        earliest.count() == 2
+    })
+    .await;
+    running.stop().await;
+    let (running, timed) = read("timed", StartAt::Time(at)).await;
+    eventually(Duration::from_secs(10), "the later entry", || {
+        timed.count() >= 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    running.stop().await;
+    assert_eq!(payloads(&timed), ["after"]);
+    let (running, latest) = read("latest", StartAt::Latest).await;
+    send("newest").await;
+    eventually(Duration::from_secs(10), "the new entry", || {
+        latest.count() >= 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    running.stop().await;
+    assert_eq!(payloads(&latest), ["newest"]);
+    assert_eq!(payloads(&earliest), ["before", "after"]);
+}

@@ -161,6 +161,10 @@ impl Drop for Prometheus {
 /// What the scrape tests publish, one message each, as JSON strings.
 pub const WORDS: [&str; 6] = ["ack", "ack", "ack", "drop", "drop", "fail"];
 
+/// A payload [`answer`] cannot decode (not JSON): counted `undecodable`, and
+/// dead-lettered where a dead letter is declared.
+pub const UNDECODABLE: &[u8] = b"not json";
+
 /// A JSON string payload.
 pub fn payload(word: &str) -> bytes::Bytes {
     bytes::Bytes::from(format!("\"{word}\""))
@@ -182,6 +186,11 @@ pub async fn answer(
 pub struct Expect {
     /// `kind="error"`: attempts the handler failed (the last one too).
     pub error: f64,
+    /// `kind="undecodable"`: the [`UNDECODABLE`] payloads the test published.
+    pub undecodable: f64,
+    /// Whether the broker stamps deliveries, so `ruststream_delivery_age_seconds`
+    /// observes every attempt.
+    pub stamped: bool,
     /// Dead letters confirmed (`ruststream_copies_published_total{kind="dead_letter"}`):
     /// where the runtime or the subscription dead-letters (everywhere but Pulsar, whose
     /// client moves the message itself).
@@ -222,6 +231,15 @@ pub async fn assert_scraped(
             within,
         )
         .await;
+    prometheus
+        .wait_for(
+            &format!(
+                "sum(ruststream_outcomes_total{{registration=\"{registration}\",kind=\"undecodable\"}}) or vector(0)"
+            ),
+            expect.undecodable,
+            within,
+        )
+        .await;
     if expect.dead_lettered > 0.0 {
         prometheus
             .wait_for(
@@ -243,10 +261,21 @@ pub async fn assert_scraped(
             &format!(
                 "sum(ruststream_handler_duration_seconds_count{{registration=\"{registration}\"}})"
             ),
-            5.0 + expect.error,
+            5.0 + expect.error + expect.undecodable,
             within,
         )
         .await;
+    if expect.stamped {
+        prometheus
+            .wait_for(
+                &format!(
+                    "sum(ruststream_delivery_age_seconds_count{{registration=\"{registration}\"}})"
+                ),
+                5.0 + expect.error + expect.undecodable,
+                within,
+            )
+            .await;
+    }
     let (status, body) = get(addr, "/health/ready").await;
     assert_eq!(status, 200, "ready while the broker is up: {body}");
     prometheus

@@ -139,6 +139,7 @@ pub(crate) struct Metrics {
     deliveries: Family<Labels, Counter>,
     outcomes: Family<KindLabels, Counter>,
     duration: Family<Labels, Histogram>,
+    age: Family<Labels, Histogram>,
     in_flight: Family<Labels, Gauge>,
     delayed: Family<Labels, Gauge>,
     copies: Family<KindLabels, Counter>,
@@ -163,6 +164,11 @@ fn duration_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.0001, 2.5, 16))
 }
 
+/// Delivery ages from 1 ms to about 15 min.
+fn age_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.5, 16))
+}
+
 impl Metrics {
     pub(crate) fn new() -> Arc<Self> {
         let mut registry = Registry::default();
@@ -175,6 +181,11 @@ impl Metrics {
             Family::<Labels, Histogram>::new_with_constructor(
                 duration_histogram as fn() -> Histogram,
             ),
+        );
+        let age = registered(
+            r,
+            &series::AGE,
+            Family::<Labels, Histogram>::new_with_constructor(age_histogram as fn() -> Histogram),
         );
         let in_flight = registered(r, &series::IN_FLIGHT, Family::default());
         let running = registered(r, &series::RUNNING, Family::default());
@@ -189,6 +200,7 @@ impl Metrics {
             deliveries,
             outcomes,
             duration,
+            age,
             in_flight,
             delayed,
             copies,
@@ -240,6 +252,7 @@ impl Metrics {
             deliveries: self.deliveries.get_or_create_owned(&labels),
             outcomes: Outcome::ALL.map(|o| self.outcomes.get_or_create_owned(&kind(o.label()))),
             duration: self.duration.get_or_create_owned(&labels),
+            age: self.age.get_or_create_owned(&labels),
             delayed: self.delayed.get_or_create_owned(&labels),
             copies: [
                 self.copies.get_or_create_owned(&kind("retry_copy")),
@@ -342,6 +355,7 @@ pub(crate) struct Instruments {
     pub(crate) deliveries: Counter,
     outcomes: [Counter; 8],
     pub(crate) duration: Histogram,
+    age: Histogram,
     pub(crate) delayed: Gauge,
     copies: [Counter; 2],
     copy_failures: [Counter; 3],
@@ -364,6 +378,22 @@ impl Instruments {
         // Exact below 2^53 ns (104 days).
         #[allow(clippy::cast_precision_loss)]
         self.duration.observe(nanos as f64 / 1e9);
+    }
+
+    /// Observes how long ago the broker stamped the delivery (`timestamp_ms`), when it
+    /// did: the time from publish to this attempt's handler call. A producer's clock
+    /// ahead of this host's counts as 0.
+    pub(crate) fn observe_age(&self, timestamp_ms: Option<i64>) {
+        let Some(stamped) = timestamp_ms else {
+            return;
+        };
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        // Milliseconds, exact far past any age a backlog reaches.
+        #[allow(clippy::cast_precision_loss)]
+        self.age
+            .observe(now.saturating_sub(stamped).max(0) as f64 / 1e3);
     }
 
     pub(crate) fn outcome(&self, outcome: Outcome) {
@@ -408,6 +438,12 @@ mod series {
         name: "ruststream_outcomes",
         help: "Handled deliveries by what the handler answered (kind: ack, drop, retry, \
                  retry_after, error, panicked, timed_out, undecodable)",
+    };
+
+    pub(super) const AGE: Series = Series {
+        name: "ruststream_delivery_age_seconds",
+        help: "Time from the broker's timestamp of a delivery (its publish) to the handler's \
+               call, where the broker stamps deliveries (Kafka, JetStream, Pulsar, Redis)",
     };
 
     pub(super) const DURATION: Series = Series {

@@ -18,6 +18,7 @@
 //! | `ruststream_deliveries_total` | deliveries fetched |
 //! | `ruststream_outcomes_total{kind}` | attempts by what the handler answered, the same on every transport: `ack`, `drop`, `retry`, `retry_after`, `error` (the handler returned `Err`), `panicked`, `timed_out`, `undecodable` (the payload did not decode; it counts so whatever the failure policy makes of it) |
 //! | `ruststream_handler_duration_seconds` | histogram, from the call (extractors included) to the answer |
+//! | `ruststream_delivery_age_seconds` | histogram, from the broker's timestamp of the delivery (its publish; Kafka, JetStream, Pulsar, Redis) to each attempt's handler call: the publish-to-handle latency, backlog waits included. Clocks of other hosts count: a producer's clock ahead reads as 0 |
 //! | `ruststream_in_flight` | fetched and not settled: running, queued for a lane, or waiting for a delayed copy |
 //! | `ruststream_running` | of those, a handler runs for now |
 //! | `ruststream_delayed` | of those, waiting in this process for a delayed retry copy (the rest, `in_flight - running - delayed`, is queued for a lane) |

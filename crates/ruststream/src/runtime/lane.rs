@@ -63,6 +63,7 @@ pub(crate) async fn handle<S: Service>(
         let plan = decide(shared, incoming.delivery(), &completion, report);
         if let (Some(metrics), Some(called)) = (&shared.metrics, called) {
             metrics.observe_since(called);
+            metrics.observe_age(incoming.delivery().metadata().timestamp_ms);
             metrics.outcome(Outcome::of(&completion));
         }
         if let Some(observer) = &shared.observer {

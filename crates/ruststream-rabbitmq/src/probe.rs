@@ -1,14 +1,18 @@
-//! A quorum queue's own delivery limit (`x-delivery-limit`) against the registration's
-//! cap: a limit at or below `max_attempts` would have the broker drop (or dead-letter on
-//! its own) a message before the runtime's last attempt and dead letter (R5).
+//! What a queue's arguments say, read at start: its kind (`x-queue-type`) against the one
+//! the descriptor names (R6), and a quorum queue's own delivery limit (`x-delivery-limit`)
+//! against the registration's cap: a limit at or below `max_attempts` would have the
+//! broker drop (or dead-letter on its own) a message before the runtime's last attempt
+//! and dead letter (R5).
 //!
-//! A passive declare tells nothing of a queue's arguments, so the limit is read from the
+//! A passive declare tells nothing of a queue's arguments, so they are read from the
 //! broker's refusal of a redeclare on a throwaway channel: it names the first argument
-//! that differs and the queue's own value ("… but current is the value '5' …").
+//! that differs and the queue's own value ("… but current is '5'").
 
 use lapin::options::QueueDeclareOptions;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use ruststream_core::{Declaration, SubscribeError};
+
+use crate::QueueKind;
 
 /// A limit no queue has: what the redeclare offers so the broker names the real one.
 const PROBE: i64 = 987_654_321;
@@ -58,40 +62,88 @@ pub(crate) async fn check_delivery_limit(
     }
 }
 
-async fn probe(connection: &lapin::Connection, queue: &str) -> Limit {
+/// Refuses the start when the queue, which the service does not declare, is of another
+/// kind than the descriptor names: a quorum queue read as classic would count attempts
+/// twice, a classic one read as quorum not at all.
+pub(crate) async fn check_kind(
+    connection: &lapin::Connection,
+    queue: &str,
+    kind: QueueKind,
+) -> Result<(), SubscribeError> {
+    let named = kind_name(kind);
+    let refusal = match redeclare(connection, queue, named, None).await {
+        Ok(()) => return Ok(()),
+        Err(text) => text,
+    };
+    if !refusal.contains("'x-queue-type'") {
+        tracing::warn!(address = queue, why = %refusal, "the queue's kind could not be read");
+        return Ok(());
+    }
+    let current = refusal
+        .split_once("current is ")
+        .map_or("another kind", |(_, current)| current);
+    Err(SubscribeError::new(
+        queue,
+        format!(
+            "the queue is not a {named} queue as the descriptor says (x-queue-type: current is \
+             {current}): set `.kind(..)` to the queue's kind"
+        ),
+    ))
+}
+
+fn kind_name(kind: QueueKind) -> &'static str {
+    match kind {
+        QueueKind::Classic => "classic",
+        QueueKind::Quorum => "quorum",
+    }
+}
+
+/// Redeclares `queue` (durable, of kind `named`, with `limit` when given) on a channel of
+/// its own: `Err` with the broker's refusal when an argument differs.
+async fn redeclare(
+    connection: &lapin::Connection,
+    queue: &str,
+    named: &str,
+    limit: Option<i64>,
+) -> Result<(), String> {
     tracing::info!(
         address = queue,
-        "reading the quorum queue's x-delivery-limit: the broker's refusal of the probe (406 PRECONDITION_FAILED on a throwaway channel) is expected, lapin logs it"
+        "reading the queue's arguments: a refusal of this redeclare (406 PRECONDITION_FAILED on a throwaway channel) is expected, and lapin logs it"
     );
-    let channel = match connection.create_channel().await {
-        Ok(channel) => channel,
-        Err(e) => return Limit::Unknown(e.to_string()),
-    };
+    let channel = connection
+        .create_channel()
+        .await
+        .map_err(|e| e.to_string())?;
     let mut arguments = FieldTable::default();
     arguments.insert(
         ShortString::from("x-queue-type"),
-        AMQPValue::LongString(LongString::from("quorum")),
+        AMQPValue::LongString(LongString::from(named)),
     );
-    arguments.insert(
-        ShortString::from("x-delivery-limit"),
-        AMQPValue::LongLongInt(PROBE),
-    );
+    if let Some(limit) = limit {
+        arguments.insert(
+            ShortString::from("x-delivery-limit"),
+            AMQPValue::LongLongInt(limit),
+        );
+    }
     let options = QueueDeclareOptions {
         durable: true,
         ..QueueDeclareOptions::default()
     };
-    let answer = channel
+    // A refusal closes the channel.
+    channel
         .queue_declare(ShortString::from(queue), options, arguments)
-        .await;
-    match answer {
-        Ok(_) => {
-            let _ = channel.close(200, ShortString::from("probed")).await;
-            Limit::Unknown(
-                "the broker took the redeclare without comparing x-delivery-limit".to_owned(),
-            )
-        }
-        // The refusal closed the channel.
-        Err(e) => read_refusal(&e.to_string()),
+        .await
+        .map_err(|e| e.to_string())?;
+    let _ = channel.close(200, ShortString::from("probed")).await;
+    Ok(())
+}
+
+async fn probe(connection: &lapin::Connection, queue: &str) -> Limit {
+    match redeclare(connection, queue, "quorum", Some(PROBE)).await {
+        Ok(()) => Limit::Unknown(
+            "the broker took the redeclare without comparing x-delivery-limit".to_owned(),
+        ),
+        Err(text) => read_refusal(&text),
     }
 }
 
