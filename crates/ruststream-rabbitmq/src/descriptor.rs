@@ -189,7 +189,11 @@ impl Descriptor for RabbitQueue {
             .connected()
             .await
             .map_err(|e| SubscribeError::new(&self.queue, e))?;
-        declare(&connection, &self.queue, self.kind, self.declare).await?;
+        let version = match self.kind {
+            QueueKind::Quorum => self.rabbit.link.server_version().await,
+            QueueKind::Classic => None,
+        };
+        declare(&connection, &self.queue, self.kind, self.declare, version).await?;
         if !self.bindings.is_empty() {
             bind(&connection, &self.queue, &self.bindings).await?;
         }
@@ -198,7 +202,8 @@ impl Descriptor for RabbitQueue {
             crate::probe::check_kind(&connection, &self.queue, self.kind).await?;
         }
         if self.kind == QueueKind::Quorum {
-            crate::probe::check_delivery_limit(&connection, &self.queue, declaration).await?;
+            crate::probe::check_delivery_limit(&connection, &self.queue, declaration, version)
+                .await?;
         }
         // What the broker sends ahead is held by the service as surely as what runs: it
         // counts toward max_in_flight (G5), so the broker sends no more than that.
@@ -218,13 +223,21 @@ impl Descriptor for RabbitQueue {
 }
 
 /// Declares `queue` (durable, of `kind`) when `create`, else checks that it exists (a
-/// passive declare); either on a channel of its own, which a refusal closes.
+/// passive declare); either on a channel of its own, which a refusal closes. A quorum
+/// queue created on RabbitMQ 4.0 or later (`version`) gets `x-delivery-limit` `-1`, no
+/// limit there, so the broker's default of 20 never cuts the runtime's attempts short
+/// (on 3.x there is no default, and `-1` would drop a message after one delivery).
 pub(crate) async fn declare(
     connection: &lapin::Connection,
     queue: &str,
     kind: QueueKind,
     create: bool,
+    version: Option<(u32, u32)>,
 ) -> Result<(), SubscribeError> {
+    let unlimited = create
+        && kind == QueueKind::Quorum
+        && version.is_some_and(|(major, _)| major >= 4)
+        && !exists(connection, queue).await;
     let channel = connection
         .create_channel()
         .await
@@ -239,6 +252,12 @@ pub(crate) async fn declare(
             ShortString::from("x-queue-type"),
             AMQPValue::LongString(LongString::from(kind_name)),
         );
+        if unlimited {
+            arguments.insert(
+                ShortString::from("x-delivery-limit"),
+                AMQPValue::LongLongInt(-1),
+            );
+        }
     }
     let options = QueueDeclareOptions {
         passive: !create,
@@ -258,6 +277,26 @@ pub(crate) async fn declare(
         })?;
     let _ = channel.close(200, ShortString::from("declared")).await;
     Ok(())
+}
+
+/// Whether `queue` exists (a passive declare on a channel of its own, which a refusal
+/// closes).
+async fn exists(connection: &lapin::Connection, queue: &str) -> bool {
+    let Ok(channel) = connection.create_channel().await else {
+        return false;
+    };
+    let passive = QueueDeclareOptions {
+        passive: true,
+        ..QueueDeclareOptions::default()
+    };
+    let found = channel
+        .queue_declare(ShortString::from(queue), passive, FieldTable::default())
+        .await
+        .is_ok();
+    if found {
+        let _ = channel.close(200, ShortString::from("looked")).await;
+    }
+    found
 }
 
 /// Declares each binding's exchange (only checks `amq.*` ones) and binds `queue` to it, on

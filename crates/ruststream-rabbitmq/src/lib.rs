@@ -57,6 +57,7 @@ mod probe;
 mod publish;
 mod requeue;
 pub mod subscription;
+mod version;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -159,7 +160,7 @@ impl RabbitMq {
             .connected()
             .await
             .map_err(|e| ruststream_core::SubscribeError::new(queue, e))?;
-        descriptor::declare(&connection, queue, kind, true).await
+        descriptor::declare(&connection, queue, kind, true, None).await
     }
 
     /// Publishes to a queue by name, with publisher confirms.

@@ -45,6 +45,11 @@ impl Link {
         &self.shown
     }
 
+    /// The broker's (major, minor) version, when it can be read (see `version`).
+    pub(crate) async fn server_version(&self) -> Option<(u32, u32)> {
+        crate::version::server_version(&self.url, self.timeout).await
+    }
+
     /// The connection in use, connected or not.
     pub(crate) fn current(&self) -> Arc<Connection> {
         Arc::clone(&self.current.lock().unwrap_or_else(PoisonError::into_inner))

@@ -33,8 +33,21 @@ pub(crate) async fn check_delivery_limit(
     connection: &lapin::Connection,
     queue: &str,
     declaration: &Declaration,
+    version: Option<(u32, u32)>,
 ) -> Result<(), SubscribeError> {
     match (probe(connection, queue).await, declaration.max_attempts) {
+        // RabbitMQ 4.0 and later give a queue without the argument a limit of 20, unless
+        // a policy sets another, which no probe sees: said, not refused.
+        (Limit::Unset, max) if version.is_some_and(|(major, _)| major >= 4) => {
+            if max.is_none_or(|max| max >= 20) {
+                tracing::warn!(
+                    address = queue,
+                    max_attempts = max,
+                    "the quorum queue has no x-delivery-limit, so RabbitMQ 4 drops a message after 20 returns unless a policy says otherwise: set x-delivery-limit above max_attempts (-1 for none)"
+                );
+            }
+            Ok(())
+        }
         (Limit::Set(limit), Some(max)) if limit >= 0 && limit <= i64::from(max) => {
             Err(SubscribeError::new(
                 queue,
