@@ -24,4 +24,5 @@ pages! {
     ConnectingSecurely => "connecting-securely.md",
     Testing => "testing.md",
     Operating => "operating.md",
+    Defaults => "defaults.md",
 }

@@ -33,6 +33,7 @@ async fn g3_auto_refused_dead_letter_is_tried_again_never_the_handler_and_a_rest
     produce(&kafka, &t, Some("k"), &big, &Headers::new()).await;
     let script = Script::new(|_| HandlerOutcome::retry());
     let app = App::new()
+        .metrics()
         .register(
             on(
                 topic(&small_producer(), &t, &group, Commit::Auto),
@@ -58,6 +59,14 @@ async fn g3_auto_refused_dead_letter_is_tried_again_never_the_handler_and_a_rest
     // Issue #46, item 6: read again, the record goes straight to its dead letter; the
     // handler, capped at 1 attempt, ran once.
     assert_eq!(script.count(), 1, "the handler ran past max_attempts(1)");
+    // The "copies refused" alert of docs/operating.md fires.
+    let refused = ruststream_test_support::ops::metric(
+        &app,
+        "ruststream_copy_failures_total",
+        &["kind=\"refused\""],
+    )
+    .await;
+    assert!(refused >= 2.0, "copies refused counted: {refused}");
     assert!(logs().contains("too large"), "the cause is named");
     assert!(
         logs().contains("the handler is not run again"),

@@ -118,6 +118,7 @@ async fn g3_jetstream_dead_letter_refused_by_a_full_stream_is_tried_again_never_
     let mut dead_stream = full_stream(&nats, &format!("{base}_DEAD"), &dead).await;
     let script = Script::new(|_| HandlerOutcome::retry());
     let app = App::new()
+        .metrics()
         .register(
             on(
                 nats.consumer(&base, "worker").filter_subject(&subject),
@@ -165,6 +166,14 @@ async fn g3_jetstream_dead_letter_refused_by_a_full_stream_is_tried_again_never_
         2,
         "both originals still held by the stream, none terminated"
     );
+    // The "copies refused" alert of docs/operating.md fires.
+    let refused = ruststream_test_support::ops::metric(
+        &app,
+        "ruststream_copy_failures_total",
+        &["kind=\"refused\""],
+    )
+    .await;
+    assert!(refused >= 2.0, "copies refused counted: {refused}");
     assert!(
         logs().contains("destination full"),
         "the refusal names its cause"
@@ -261,6 +270,7 @@ async fn g3_core_refused_dead_letter_is_an_error_that_says_lost() {
     full_stream(&nats, &format!("{base}_DEAD"), &dead).await;
     let script = Script::new(|_| HandlerOutcome::retry());
     let app = App::new()
+        .metrics()
         .register(
             on(nats.subject(&subject), handler(Arc::clone(&script)))
                 .max_attempts(2)
@@ -287,6 +297,14 @@ async fn g3_core_refused_dead_letter_is_an_error_that_says_lost() {
         .expect("the line");
     assert!(line.contains("ERROR"), "{line}");
     assert!(line.contains("destination full"), "{line}");
+    // The "messages lost" alert of docs/operating.md fires.
+    let lost = ruststream_test_support::ops::metric(
+        &app,
+        "ruststream_copy_failures_total",
+        &["kind=\"lost\""],
+    )
+    .await;
+    assert_eq!(lost, 1.0, "the loss is counted");
     app.stop().await;
     reliability(
         "NATS Core",

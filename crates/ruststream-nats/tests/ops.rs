@@ -60,6 +60,49 @@ async fn ops_prometheus_scrapes_jetstream_outcomes_and_dead_letters() {
     running.stop().await;
 }
 
+/// Core NATS, scraped like the others (issue #46): failures, an undecodable message and
+/// the dead letters (runtime copies to a subject) counted with the same meaning.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ops_prometheus_scrapes_core_outcomes_and_dead_letters() {
+    let nats = nats().await;
+    let subject = unique("opscorewords");
+    let running = App::new()
+        .ops(0)
+        .register(
+            on(nats.subject(&subject), answer)
+                .name("words")
+                .max_attempts(3)
+                .dead_letter(format!("{subject}.dead")),
+        )
+        .start()
+        .await
+        .expect("start");
+    nats.client().flush().await.unwrap();
+    for word in WORDS {
+        nats.client()
+            .publish(subject.clone(), payload(word))
+            .await
+            .unwrap();
+    }
+    nats.client()
+        .publish(subject.clone(), bytes::Bytes::from_static(UNDECODABLE))
+        .await
+        .unwrap();
+    assert_scraped(
+        &running,
+        "words",
+        Expect {
+            error: 3.0,
+            undecodable: 1.0,
+            stamped: false,
+            dead_lettered: 2.0,
+            backlog: &[],
+        },
+    )
+    .await;
+    running.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ops_core_subscription_counts_acks_as_unsupported_settlements() {
     let nats = nats().await;

@@ -90,6 +90,7 @@ async fn g5_held_retry_after_waits_stop_fetching_at_max_in_flight() {
     }
     let script = Script::new(|_| HandlerOutcome::retry_after(Duration::from_secs(60)));
     let app = App::new()
+        .metrics()
         .register(
             on(
                 pulsar.topic(&topic).subscription("bounded"),
@@ -106,6 +107,9 @@ async fn g5_held_retry_after_waits_stop_fetching_at_max_in_flight() {
     .await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(script.count(), 50, "fetching stopped at max_in_flight");
+    // The "saturated" alert of docs/operating.md fires.
+    let in_flight = ruststream_test_support::ops::metric(&app, "ruststream_in_flight", &[]).await;
+    assert_eq!(in_flight, 50.0, "in flight at the bound");
     app.stop().await;
     println!(
         "RELIABILITY|Pulsar|guard rail: 300 messages, every one retry_after(60 s) held in the service, max_in_flight(50): 50 held, the rest left to the client and broker|lost 0 (the held messages stay unacknowledged)|none|none declared"

@@ -11,6 +11,7 @@ use lapin::options::BasicGetOptions;
 use lapin::types::ShortString;
 use ruststream::{App, HandlerOutcome, Headers, on};
 use ruststream_rabbitmq::{QueueKind, RabbitMq, lapin};
+use ruststream_test_support::ops::metric;
 use ruststream_test_support::{Script, handler, logs, unique_suffix};
 
 use common::{declare, rabbit};
@@ -58,6 +59,7 @@ async fn g3_a_retry_copy_over_frame_max_goes_to_the_dead_letter_and_the_connecti
         .expect("a header frame of exactly frame_max is taken");
     let script = Script::new(|_| HandlerOutcome::retry());
     let running = App::new()
+        .metrics()
         .register(
             on(rabbit.queue(&queue), handler(Arc::clone(&script)))
                 .max_attempts(3)
@@ -68,6 +70,14 @@ async fn g3_a_retry_copy_over_frame_max_goes_to_the_dead_letter_and_the_connecti
         .expect("starts");
     let letter = arrives(&rabbit, &dead).await.expect("a dead letter");
     tokio::time::sleep(Duration::from_millis(500)).await;
+    // The "copies refused" and "dead letters" alerts of docs/operating.md fire.
+    let counted = |kind: &'static str, series: &'static str| {
+        let running = &running;
+        async move { metric(running, series, &[kind]).await }
+    };
+    let refused = counted("kind=\"refused\"", "ruststream_copy_failures_total").await;
+    let dead_letters = counted("kind=\"dead_letter\"", "ruststream_copies_published_total").await;
+    assert_eq!((refused, dead_letters), (1.0, 1.0));
     running.stop().await;
     assert_eq!(script.count(), 1, "one run, then the dead letter");
     assert_eq!(letter.data, b"fills the frame");
@@ -206,6 +216,7 @@ async fn g5_rabbitmq_prefetch_counts_toward_max_in_flight() {
         }
     };
     let running = App::new()
+        .metrics()
         .register(on(rabbit.queue(&queue), hangs).lanes(2).max_in_flight(3))
         .start()
         .await
@@ -229,6 +240,8 @@ async fn g5_rabbitmq_prefetch_counts_toward_max_in_flight() {
         (1..=3).contains(&unacknowledged),
         "{unacknowledged} sent ahead with max_in_flight(3)"
     );
+    // The "saturated" alert of docs/operating.md fires: in flight at the bound.
+    assert_eq!(metric(&running, "ruststream_in_flight", &[]).await, 3.0);
     gate.add_permits(100);
     running.stop().await;
 }

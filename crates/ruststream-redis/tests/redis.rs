@@ -577,10 +577,24 @@ async fn g5_held_retry_after_waits_come_due_at_max_in_flight() {
         }
     });
     let running = App::new()
+        .metrics()
         .register(on(redis.stream(&key, "g"), handler(Arc::clone(&script))).max_in_flight(5))
         .start()
         .await
         .expect("starts");
+    // The waits fill the bound: the "saturated" alert of docs/operating.md fires (in
+    // flight at max_in_flight), and in flight never passes it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let in_flight =
+            ruststream_test_support::ops::metric(&running, "ruststream_in_flight", &[]).await;
+        assert!(in_flight <= 5.0, "in flight {in_flight} past the bound");
+        if in_flight == 5.0 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "never at the bound");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     // Every wait fills the bound; each comes due and is claimed though nothing is fetched.
     eventually(
         Duration::from_secs(20),

@@ -366,3 +366,14 @@ pub async fn held(
     let _permit = gate.acquire().await;
     ruststream::HandlerOutcome::ack()
 }
+
+/// `series` summed over `running`'s samples that carry every one of `parts` (label
+/// pairs as `kind="refused"`): what an alert over that series sees now. The app must
+/// collect metrics (`App::metrics()` or `App::ops(..)`).
+pub async fn metric(running: &ruststream::Running, series: &str, parts: &[&str]) -> f64 {
+    let metrics = running
+        .metrics()
+        .await
+        .expect("the app collects metrics (App::metrics)");
+    sample(&metrics, series, parts)
+}

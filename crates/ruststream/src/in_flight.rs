@@ -12,6 +12,10 @@ pub(crate) struct InFlight {
     pub(crate) count: AtomicUsize,
     /// Of those, how many a handler is running for (kept only when metrics are on).
     pub(crate) running: AtomicUsize,
+    /// Settled into the subscription's own keeping and not done yet (a held
+    /// `retry_after` wait: Pulsar, RabbitMQ quorum, Redis): they count toward
+    /// `max_in_flight` as well, so the in-flight series shows them.
+    pub(crate) held: AtomicUsize,
 }
 
 impl InFlight {
@@ -21,6 +25,7 @@ impl InFlight {
             address,
             count: AtomicUsize::new(0),
             running: AtomicUsize::new(0),
+            held: AtomicUsize::new(0),
         }
     }
 
@@ -30,5 +35,11 @@ impl InFlight {
 
     pub(crate) fn count(&self) -> usize {
         self.count.load(Ordering::Relaxed)
+    }
+
+    /// Everything that counts toward `max_in_flight`: the runtime's and the
+    /// subscription's held waits.
+    pub(crate) fn total(&self) -> usize {
+        self.count() + self.held.load(Ordering::Relaxed)
     }
 }

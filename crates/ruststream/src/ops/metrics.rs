@@ -338,7 +338,7 @@ impl Metrics {
             }
             let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
             for (total, running, in_flight) in sources.iter() {
-                total.inc_by(gauge(in_flight.count()));
+                total.inc_by(gauge(in_flight.total()));
                 running.inc_by(gauge(in_flight.running()));
             }
         }

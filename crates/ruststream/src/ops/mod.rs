@@ -19,9 +19,9 @@
 //! | `ruststream_outcomes_total{kind}` | attempts by what the handler answered, the same on every transport: `ack`, `drop`, `retry`, `retry_after`, `error` (the handler returned `Err`), `panicked`, `timed_out`, `undecodable` (the payload did not decode; it counts so whatever the failure policy makes of it) |
 //! | `ruststream_handler_duration_seconds` | histogram, from the call (extractors included) to the answer |
 //! | `ruststream_delivery_age_seconds` | histogram, from the broker's timestamp of the delivery (its publish; Kafka, JetStream, Pulsar, Redis) to each attempt's handler call: the publish-to-handle latency, backlog waits included. Clocks of other hosts count: a producer's clock ahead reads as 0 |
-//! | `ruststream_in_flight` | fetched and not settled: running, queued for a lane, or waiting for a delayed copy |
+//! | `ruststream_in_flight` | what counts toward `max_in_flight`: fetched and not settled (running, queued for a lane, waiting for a delayed copy), and held by the subscription through a `retry_after` wait (Pulsar, RabbitMQ quorum, Redis) |
 //! | `ruststream_running` | of those, a handler runs for now |
-//! | `ruststream_delayed` | of those, waiting in this process for a delayed retry copy (the rest, `in_flight - running - delayed`, is queued for a lane) |
+//! | `ruststream_delayed` | of those, waiting in this process for a delayed retry copy (the rest, `in_flight - running - delayed`, is queued for a lane or held by the subscription) |
 //! | `ruststream_copies_published_total{kind}` | `retry_copy`, `dead_letter`: published and confirmed before the original settled; a dead letter the subscription moves in one step (Redis) counts here too, once confirmed. Pulsar's dead letters are written by the client's own policy, out of the runtime's sight: not counted |
 //! | `ruststream_copy_failures_total{kind}` | `transient` (tried again), `refused` (the original comes back later or is held), `lost` (nothing can bring the original back: Core NATS) |
 //! | `ruststream_settle_errors_total{kind}` | `failed` (the broker or connection failed it), `unsupported` (the transport has no such operation, e.g. every Core NATS ack, by design) |

@@ -9,6 +9,7 @@ use std::ops::ControlFlow;
 use std::pin::Pin;
 use std::pin::pin;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -92,7 +93,12 @@ fn fetch_room<Sub: Subscription, S>(
     shared: &Shared<S>,
     at_bound: &mut bool,
 ) -> bool {
-    let room = shared.in_flight.count() + subscription.holding() < shared.max_in_flight;
+    let holding = subscription.holding();
+    let held = &shared.in_flight.held;
+    if held.load(Ordering::Relaxed) != holding {
+        held.store(holding, Ordering::Relaxed);
+    }
+    let room = shared.in_flight.count() + holding < shared.max_in_flight;
     if room == *at_bound {
         *at_bound = !room;
         note_bound(shared, *at_bound);
