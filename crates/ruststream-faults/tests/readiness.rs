@@ -148,3 +148,55 @@ async fn s8_ops_ready_follows_the_redis_server() {
     server.kill().expect("kill redis-server");
     let _ = server.wait();
 }
+
+fn pulsar_lite(port: u16, data: &std::path::Path) -> Child {
+    let config = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../.brokers/pulsar-lite.toml");
+    let child = Command::new(installed("pulsar-lite"))
+        .arg("--config")
+        .arg(&config)
+        .args(["--addr", &format!("127.0.0.1:{port}")])
+        .arg("--db-path")
+        .arg(data)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start pulsar-lite (installed by the test command)");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "pulsar-lite did not come up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child
+}
+
+/// Issue #46: the "not ready" alert on Pulsar: readiness follows a pulsar-lite of this
+/// test's own (through the checksum relay the Pulsar tests use), killed and started
+/// again on its port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ops_ready_follows_the_pulsar_broker() {
+    let port = free_port();
+    let data = std::env::temp_dir().join(unique("pulsar-ready"));
+    let mut broker = pulsar_lite(port, &data);
+    let relay = ruststream_test_support::pulsar_relay::start(format!("127.0.0.1:{port}")).await;
+    let pulsar = ruststream_pulsar::Pulsar::connect(&format!("pulsar://{relay}"))
+        .await
+        .expect("connect through the relay");
+    let running = App::new()
+        .ops(0)
+        .register(on(pulsar.topic(unique("ready")).subscription("ready"), ack).name("pulsar"))
+        .start()
+        .await
+        .expect("start");
+    ready_becomes(&running, 200, Duration::from_secs(10)).await;
+    broker.kill().expect("kill pulsar-lite");
+    broker.wait().expect("reaped");
+    let body = ready_becomes(&running, 503, Duration::from_secs(30)).await;
+    assert!(body.contains("registration `pulsar`"), "{body}");
+    let mut broker = pulsar_lite(port, &data);
+    ready_becomes(&running, 200, Duration::from_secs(60)).await;
+    running.stop().await;
+    broker.kill().expect("kill pulsar-lite");
+    let _ = broker.wait();
+    let _ = std::fs::remove_dir_all(&data);
+}

@@ -100,6 +100,7 @@ async fn g5_at_max_in_flight_the_partitions_pause_and_the_group_is_kept() {
         }
     });
     let app = App::new()
+        .metrics()
         .register(
             on(
                 topic(&kafka, &t, &group, Commit::Tracked).set("max.poll.interval.ms", "6000"),
@@ -111,6 +112,14 @@ async fn g5_at_max_in_flight_the_partitions_pause_and_the_group_is_kept() {
         .start()
         .await
         .expect("start");
+    // Four originals wait out their 8 s: the "saturated" alert of docs/operating.md
+    // fires (in flight at max_in_flight).
+    eventually(Duration::from_secs(60), "four waiting", || {
+        script.count() >= 4
+    })
+    .await;
+    let in_flight = ruststream_test_support::ops::metric(&app, "ruststream_in_flight", &[]).await;
+    assert_eq!(in_flight, 4.0, "in flight at the bound");
     eventually(Duration::from_secs(90), "every copy handled", || {
         script.calls().iter().filter(|c| c.attempt == 2).count() >= records
     })

@@ -208,3 +208,59 @@ async fn g8_a_new_durable_consumer_started_at_a_time_reads_from_there() {
     let seen: Vec<Bytes> = script.calls().into_iter().map(|c| c.payload).collect();
     assert_eq!(seen, [&b"after-1"[..], &b"after-2"[..]]);
 }
+
+/// Issue #46: the "saturated" alert of docs/operating.md on JetStream: with handlers
+/// that hang on every lane, in flight reaches `max_in_flight` (4 running and 1 waiting
+/// for a lane) and stays there, fetching paused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g5_jetstream_in_flight_reaches_max_in_flight_and_stays() {
+    let nats = nats().await;
+    let name = unique("G5SAT");
+    create_stream(&nats, &name, std::slice::from_ref(&name)).await;
+    for n in 0..20u8 {
+        nats.publisher()
+            .jetstream(&name, &Headers::new(), Bytes::from(vec![n]), None)
+            .await
+            .expect("publish");
+    }
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let hangs = {
+        let gate = Arc::clone(&gate);
+        move |_: ruststream::Delivery| {
+            let gate = Arc::clone(&gate);
+            async move {
+                let _ = gate.acquire().await;
+                HandlerOutcome::ack()
+            }
+        }
+    };
+    let app = App::new()
+        .metrics()
+        .register(
+            on(nats.consumer(&name, "sat"), hangs)
+                .lanes(4)
+                .max_in_flight(5),
+        )
+        .start()
+        .await
+        .expect("start");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let in_flight =
+            ruststream_test_support::ops::metric(&app, "ruststream_in_flight", &[]).await;
+        assert!(in_flight <= 5.0, "in flight {in_flight} past the bound");
+        if in_flight == 5.0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never at the bound");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let in_flight = ruststream_test_support::ops::metric(&app, "ruststream_in_flight", &[]).await;
+    assert_eq!(in_flight, 5.0, "stays at the bound while the handlers hang");
+    // And the "lanes busy" alert: every lane runs a handler.
+    let running = ruststream_test_support::ops::metric(&app, "ruststream_running", &[]).await;
+    assert_eq!(running, 4.0, "all 4 lanes run");
+    gate.add_permits(100);
+    app.stop().await;
+}
