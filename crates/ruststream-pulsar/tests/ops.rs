@@ -5,7 +5,7 @@ mod common;
 use common::{pulsar, unique};
 use ruststream::{App, Headers, on};
 use ruststream_pulsar::SubType;
-use ruststream_test_support::ops::{Expect, WORDS, answer, assert_scraped, payload};
+use ruststream_test_support::ops::{Expect, UNDECODABLE, WORDS, answer, assert_scraped, payload};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ops_prometheus_scrapes_pulsar_outcomes() {
@@ -35,6 +35,11 @@ async fn ops_prometheus_scrapes_pulsar_outcomes() {
             .await
             .expect("publish");
     }
+    pulsar
+        .publisher()
+        .send(&name, None, &Headers::new(), UNDECODABLE.to_vec())
+        .await
+        .expect("publish");
     // Pulsar's broker counts redeliveries and moves the message to the dead letter
     // itself (P6): the runtime sees three failed attempts and publishes nothing.
     assert_scraped(
@@ -42,7 +47,7 @@ async fn ops_prometheus_scrapes_pulsar_outcomes() {
         "words",
         Expect {
             error: 3.0,
-            undecodable: 0.0,
+            undecodable: 1.0,
             stamped: true,
             dead_lettered: 0.0,
             backlog: &[],
