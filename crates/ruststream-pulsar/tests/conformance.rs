@@ -77,6 +77,7 @@ mod key_shared {
     ruststream::conformance_tests!(@each bed();
         round_trip, ack_is_final, retry_is_the_next_attempt, retry_after_waits,
         e3_stop_drains_and_settles, lanes_keep_per_key_order, e1_undecodable_is_dead_lettered,
+        e1_undecodable_without_a_dead_letter_is_dropped_once,
         empty_and_large_payloads_arrive_intact, e2_a_panic_is_a_failed_attempt, drop_is_final,
         competing_consumers_share_the_work, e4_broken_registrations_are_all_refused,
         g4_unbounded_registrations_are_refused, g1_a_hung_handler_is_cancelled_at_its_deadline);
@@ -94,6 +95,7 @@ mod exclusive {
     }
     ruststream::conformance_tests!(@each bed();
         round_trip, ack_is_final, e3_stop_drains_and_settles, lanes_keep_per_key_order,
+        e1_undecodable_without_a_dead_letter_is_dropped_once,
         empty_and_large_payloads_arrive_intact, e4_broken_registrations_are_all_refused,
         g4_unbounded_registrations_are_refused);
 }
@@ -108,6 +110,7 @@ mod failover {
     }
     ruststream::conformance_tests!(@each bed();
         round_trip, ack_is_final, e3_stop_drains_and_settles, lanes_keep_per_key_order,
+        e1_undecodable_without_a_dead_letter_is_dropped_once,
         empty_and_large_payloads_arrive_intact, e4_broken_registrations_are_all_refused,
         g4_unbounded_registrations_are_refused);
 }

@@ -72,6 +72,63 @@ pub async fn e1_undecodable_is_dead_lettered(bed: impl Bed) {
     app.stop().await;
 }
 
+/// E1, the default without a dead letter: an undecodable payload never reaches the
+/// handler, is settled as dropped, and does not come back: counted `undecodable` once
+/// however long one waits, while a good message behind it is handled.
+pub async fn e1_undecodable_without_a_dead_letter_is_dropped_once(bed: impl Bed) {
+    let address = bed.address().await;
+    let decoded = Log::default();
+    let typed = {
+        let decoded = decoded.clone();
+        move |crate::Message(_value): crate::Message<serde_json::Value>, d: Delivery| {
+            let decoded = decoded.clone();
+            async move {
+                decoded.push(&d);
+                HandlerOutcome::ack()
+            }
+        }
+    };
+    let app = App::new()
+        .metrics()
+        .register(on(bed.subscribe(&address, "suite"), typed).name("typed"))
+        .start()
+        .await
+        .expect("start");
+    tokio::time::sleep(bed.warm_up()).await;
+    publish(&bed, &address, None, &[], b"not json").await;
+    publish(&bed, &address, None, &[], b"{\"fine\": true}").await;
+    until(Duration::from_secs(60), "the good message", || {
+        decoded.len() == 1
+    })
+    .await;
+    tokio::time::sleep(bed.redelivered_within() + Duration::from_secs(1)).await;
+    let metrics = app.metrics().await.expect("metrics on");
+    let undecodable = counted(&metrics, "ruststream_outcomes_total", "undecodable");
+    assert_eq!(
+        undecodable, 1.0,
+        "dropped once, not delivered again:\n{metrics}"
+    );
+    assert_eq!(decoded.len(), 1, "the handler saw only the good one");
+    reliability(
+        &bed,
+        "an undecodable JSON payload, no dead letter declared (the default: dropped)",
+        "dropped by design: 1 of 2, with an ERROR naming the address",
+        "0",
+        "none declared",
+    );
+    app.stop().await;
+}
+
+/// The sum of `series`'s samples of kind `kind` in a metrics text.
+fn counted(metrics: &str, series: &str, kind: &str) -> f64 {
+    let kind = format!("kind=\"{kind}\"");
+    metrics
+        .lines()
+        .filter(|line| line.starts_with(&format!("{series}{{")) && line.contains(&kind))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 /// Forged `x-ruststream-retry-count` values (negative, not a number, huge) never crash
 /// the service: each message is handled and, always retried under a cap of 3, ends in
 /// exactly one dead letter after at most 3 runs.
