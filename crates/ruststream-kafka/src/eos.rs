@@ -254,3 +254,22 @@ pub(crate) fn fenced(error: &KafkaError) -> bool {
         _ => false,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::{DEFAULT_COMMIT_INTERVAL, EosPipeline};
+
+    /// K6: a window is committed every 100 ms unless the pipeline is told otherwise, and
+    /// the window loop reads what it was told.
+    #[test]
+    fn k6_windows_commit_every_100_ms_unless_told() {
+        let kafka = crate::Kafka::connect("127.0.0.1:1").expect("a client; nothing connects yet");
+        let pipeline = EosPipeline::new(&kafka, "k6-default");
+        assert_eq!(DEFAULT_COMMIT_INTERVAL, Duration::from_millis(100));
+        assert_eq!(pipeline.shared.interval(), Duration::from_millis(100));
+        let pipeline = pipeline.commit_interval(Duration::from_millis(250));
+        assert_eq!(pipeline.shared.interval(), Duration::from_millis(250));
+    }
+}

@@ -950,3 +950,44 @@ async fn k7_a_record_kept_whole_is_decoded_in_place_and_its_copies_carry_its_byt
     committed_becomes(&group, &t, 0, 4, Duration::from_secs(10)).await;
     app.stop().await;
 }
+
+/// D1 on Kafka `Auto` (issue #47): the offset was stored at hand-over, so a retry copy
+/// waiting out its `retry_after` at a graceful stop is published at once instead of being
+/// lost with the process; the topic then holds the original and its copy (count 1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn d1_a_graceful_stop_publishes_a_waiting_auto_copy_early() {
+    let kafka = kafka().await;
+    let (t, group) = (unique("d1auto"), unique("g"));
+    create_topic(&t, 1).await;
+    produce(&kafka, &t, Some("k"), b"wait", &Headers::new()).await;
+    let script = Script::new(|_| HandlerOutcome::retry_after(Duration::from_secs(120)));
+    let app = App::new()
+        .register(
+            on(
+                topic(&kafka, &t, &group, Commit::Auto),
+                handler(Arc::clone(&script)),
+            )
+            .max_attempts(3),
+        )
+        .start()
+        .await
+        .expect("start");
+    eventually(Duration::from_secs(30), "handled", || script.count() == 1).await;
+    let stopped = std::time::Instant::now();
+    app.stop().await;
+    assert!(
+        stopped.elapsed() < Duration::from_secs(20),
+        "not held for the 120 s"
+    );
+    let records = read_topic(&t, 1, 2, Duration::from_secs(20)).await;
+    assert_eq!(records.len(), 2, "the original and its copy");
+    let copy = &records[1];
+    assert_eq!(&copy.payload[..], b"wait");
+    assert_eq!(copy.key.as_deref(), Some(&b"k"[..]));
+    let count = copy
+        .headers
+        .iter()
+        .find(|(name, _)| name == RETRY_COUNT_HEADER)
+        .map(|(_, value)| value.clone());
+    assert_eq!(count.as_deref(), Some(&b"1"[..]), "the copy counts 1");
+}
