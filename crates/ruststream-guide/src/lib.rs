@@ -25,4 +25,5 @@ pages! {
     Testing => "testing.md",
     Operating => "operating.md",
     Defaults => "defaults.md",
+    Failures => "failures.md",
 }

@@ -29,8 +29,8 @@ pub enum FailurePolicy {
 /// How deliveries are spread over lanes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum LaneKey {
-    /// By the delivery's key: one key, one lane, in order. Keyless deliveries go round
-    /// robin. The default.
+    /// By the delivery's key: one key, one lane, in order. A keyless delivery starts on
+    /// the first free lane (never queued behind a running one). The default.
     #[default]
     Key,
     /// By Kafka partition (falls back to the key where there is none).
