@@ -26,4 +26,7 @@ pages! {
     Operating => "operating.md",
     Defaults => "defaults.md",
     Failures => "failures.md",
+    Installing => "installing.md",
+    Kubernetes => "kubernetes.md",
+    Brokers => "brokers.md",
 }
