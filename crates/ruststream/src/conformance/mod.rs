@@ -32,8 +32,8 @@ pub use bad_input::{
     hostile_headers_arrive_intact_or_are_refused_by_name,
 };
 pub use outcomes::{
-    ack_is_final, cap_and_dead_letter, drop_is_final, retry_after_waits, retry_is_the_next_attempt,
-    retry_path_follows_the_capabilities, round_trip,
+    ack_is_final, cap_and_dead_letter, drop_is_final, g2_backoff_spaces_every_retry,
+    retry_after_waits, retry_is_the_next_attempt, retry_path_follows_the_capabilities, round_trip,
 };
 pub use running::{
     competing_consumers_share_the_work, e3_stop_drains_and_settles,
@@ -87,7 +87,7 @@ pub trait Bed: Send + Sync + 'static {
 #[macro_export]
 macro_rules! conformance_tests {
     ($bed:expr) => {
-        $crate::conformance_tests!(@each $bed; round_trip, ack_is_final, retry_is_the_next_attempt, retry_after_waits, cap_and_dead_letter, e3_stop_drains_and_settles, e1_undecodable_is_dead_lettered, e1_undecodable_without_a_dead_letter_is_dropped_once, forged_retry_counts_end_in_one_dead_letter, empty_and_large_payloads_arrive_intact, e2_a_panic_is_a_failed_attempt, drop_is_final, retry_path_follows_the_capabilities, competing_consumers_share_the_work, e4_broken_registrations_are_all_refused, hostile_headers_arrive_intact_or_are_refused_by_name, g4_unbounded_registrations_are_refused, g1_a_hung_handler_is_cancelled_at_its_deadline);
+        $crate::conformance_tests!(@each $bed; round_trip, ack_is_final, retry_is_the_next_attempt, retry_after_waits, g2_backoff_spaces_every_retry, cap_and_dead_letter, e3_stop_drains_and_settles, e1_undecodable_is_dead_lettered, e1_undecodable_without_a_dead_letter_is_dropped_once, forged_retry_counts_end_in_one_dead_letter, empty_and_large_payloads_arrive_intact, e2_a_panic_is_a_failed_attempt, drop_is_final, retry_path_follows_the_capabilities, competing_consumers_share_the_work, e4_broken_registrations_are_all_refused, hostile_headers_arrive_intact_or_are_refused_by_name, g4_unbounded_registrations_are_refused, g1_a_hung_handler_is_cancelled_at_its_deadline);
     };
     ($bed:expr, keys) => {
         $crate::conformance_tests!($bed);

@@ -123,6 +123,47 @@ pub async fn retry_after_waits(bed: impl Bed) {
     app.stop().await;
 }
 
+/// G2: a registration's backoff turns every `retry()` into a delayed redelivery through
+/// the transport's own delay path (a native delay, a held wait, a copy after the delay):
+/// a handler that always retries under `max_attempts(3)` sees its attempts at least the
+/// backoff apart (400 ms, then 800 ms), then the dead letter.
+pub async fn g2_backoff_spaces_every_retry(bed: impl Bed) {
+    let address = bed.address().await;
+    let dead = bed.address().await;
+    let (log, letters) = (Log::default(), Log::default());
+    let first = Duration::from_millis(400);
+    let app = App::new()
+        .register(
+            on(
+                bed.subscribe(&address, "suite"),
+                recorder(log.clone(), |_: &Delivery| HandlerOutcome::retry()),
+            )
+            .name("spaced")
+            .max_attempts(3)
+            .dead_letter(&dead)
+            .backoff(crate::Backoff::exponential(first, Duration::from_secs(5))),
+        )
+        .register(dead_letter_reader(&bed, &dead, &letters))
+        .start()
+        .await
+        .expect("start");
+    tokio::time::sleep(bed.warm_up()).await;
+    publish(&bed, &address, None, &[], b"spaced").await;
+    until(
+        Duration::from_secs(60),
+        "three attempts and the dead letter",
+        || log.len() == 3 && letters.len() == 1,
+    )
+    .await;
+    let at: Vec<_> = log.all().into_iter().map(|(_, at)| at).collect();
+    let gaps = [at[1] - at[0], at[2] - at[1]];
+    assert!(
+        gaps[0] >= first && gaps[1] >= first * 2,
+        "attempts {gaps:?} apart, not the backoff's 400 ms then 800 ms"
+    );
+    app.stop().await;
+}
+
 /// At the cap: exactly `max_attempts` runs and exactly one dead letter, with the
 /// original payload and headers.
 pub async fn cap_and_dead_letter(bed: impl Bed) {
