@@ -115,22 +115,11 @@ pub(crate) async fn deliver<S>(
             Ok(()) => {
                 shared.refusals.confirmed(delivery);
                 let dead_letter = copy.target == CopyTarget::DeadLetter;
-                if let Some(metrics) = &shared.metrics {
-                    metrics.published(if dead_letter {
-                        Published::DeadLetter
-                    } else {
-                        Published::RetryCopy
-                    });
+                if let (Some(metrics), false) = (&shared.metrics, dead_letter) {
+                    metrics.published(Published::RetryCopy);
                 }
                 if dead_letter {
-                    // Said once the broker confirmed it, never before.
-                    tracing::warn!(
-                        registration = &*shared.registration,
-                        address = delivery.address(),
-                        attempt,
-                        destination = shared.declaration.dead_letter.as_deref(),
-                        "dead-lettered"
-                    );
+                    dead_lettered(shared, Some(delivery));
                 }
                 return planned;
             }
@@ -177,6 +166,22 @@ pub(crate) async fn deliver<S>(
             return settle;
         }
     }
+}
+
+/// A dead letter the broker confirmed, whoever made it (a runtime copy of `delivery`, or
+/// the subscription's one-step move, as on Redis): counted and said once, only now.
+#[cold]
+pub(crate) fn dead_lettered<S>(shared: &Shared<S>, delivery: Option<&Delivery>) {
+    if let Some(metrics) = &shared.metrics {
+        metrics.published(Published::DeadLetter);
+    }
+    tracing::warn!(
+        registration = &*shared.registration,
+        address = delivery.map(Delivery::address),
+        attempt = delivery.map(|d| d.attempt().number()),
+        destination = shared.declaration.dead_letter.as_deref(),
+        "dead-lettered"
+    );
 }
 
 /// Whether a delivery is back past its cap because its dead letter was refused (SPEC

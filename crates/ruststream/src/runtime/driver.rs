@@ -170,7 +170,7 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
         shared: &shared,
         set,
         pending: None,
-        picker: Picker { lanes },
+        lanes,
         stop: StopSignal::new(stop),
         at_bound: false,
         fetch_errors: ErrorRun::default(),
@@ -250,7 +250,8 @@ struct Driver<'s, Sub: Subscription, S, F, St> {
     set: LaneSet<Sub::Receipt, F, St>,
     /// A fetched delivery waiting for room on its lane.
     pending: Waiting<Sub::Receipt>,
-    picker: Picker,
+    /// How many lanes, and how deliveries are spread over them.
+    lanes: Lanes,
     stop: StopSignal,
     at_bound: bool,
     fetch_errors: ErrorRun,
@@ -323,7 +324,7 @@ where
             self.shared,
             &mut self.subscription,
             &mut self.set,
-            &mut self.picker,
+            &self.lanes,
             job,
         );
         let done = self.first_poll(lane, started, cx)?;
@@ -340,7 +341,7 @@ where
         cx: &mut Context<'_>,
     ) -> Option<Done<Sub::Receipt>> {
         let job = self.job(receipt);
-        let mut lane = count_in(self.shared, &mut self.picker, &job);
+        let mut lane = count_in(self.shared, &self.lanes, &job);
         if lane == ANY_LANE {
             lane = self.set.free_lane().unwrap_or(0);
         }
@@ -688,11 +689,6 @@ impl Drop for DelayedGuard {
 /// A fetched delivery waiting for room on its lane, and the lane.
 type Waiting<R> = Option<(usize, Job<R>)>;
 
-/// Which lane a delivery goes to.
-struct Picker {
-    lanes: Lanes,
-}
-
 /// A fetched delivery, counted in flight and offered to its lane (returned, with whether
 /// it started there): a free lane starts it; a busy one queues it or, full, makes it wait
 /// (handed back, to be kept pending). One that does not start is not done at once: the
@@ -702,14 +698,14 @@ fn accept<Sub: Subscription, S, F, St>(
     shared: &Shared<S>,
     subscription: &mut Sub,
     set: &mut LaneSet<Sub::Receipt, F, St>,
-    picker: &mut Picker,
+    lanes: &Lanes,
     job: Job<Sub::Receipt>,
 ) -> (usize, bool, Waiting<Sub::Receipt>)
 where
     F: Future<Output = Finished>,
     St: Fn(Box<Incoming>) -> F,
 {
-    let mut lane = count_in(shared, picker, &job);
+    let mut lane = count_in(shared, lanes, &job);
     if lane == ANY_LANE
         && let Some(free) = set.free_lane()
     {
@@ -724,12 +720,12 @@ where
 
 /// A fetched delivery counted in flight: the lane it goes to.
 #[inline(always)]
-fn count_in<S, R>(shared: &Shared<S>, picker: &mut Picker, job: &Job<R>) -> usize {
+fn count_in<S, R>(shared: &Shared<S>, lanes: &Lanes, job: &Job<R>) -> usize {
     if let Some(metrics) = &shared.metrics {
         metrics.deliveries.inc();
     }
     shared.begin();
-    pick_lane(job.incoming.delivery(), &picker.lanes)
+    pick_lane(job.incoming.delivery(), lanes)
 }
 
 /// The lane a delivery goes to: the only one, mostly (no call then).
@@ -781,26 +777,12 @@ fn settled<S>(
         Ok(()) => {
             settle_errors.succeeded();
             if settle == Settle::DeadLetter {
-                dead_lettered_here(shared);
+                copy::dead_lettered(shared, None);
             }
         }
         Err(error) => settle_failed(settle_errors, shared, settle, &error),
     }
     shared.end();
-}
-
-/// The subscription moved a delivery to its dead letter and settled it in one step
-/// (Redis): said and counted only now it is confirmed, as a runtime copy is.
-#[cold]
-fn dead_lettered_here<S>(shared: &Shared<S>) {
-    if let Some(metrics) = &shared.metrics {
-        metrics.published(crate::ops::Published::DeadLetter);
-    }
-    tracing::warn!(
-        registration = &*shared.registration,
-        destination = shared.declaration.dead_letter.as_deref(),
-        "dead-lettered"
-    );
 }
 
 async fn apply<Sub: Subscription, S: Service>(
