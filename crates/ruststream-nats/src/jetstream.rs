@@ -352,8 +352,7 @@ impl std::fmt::Debug for JetStreamSubscription {
 }
 
 impl JetStreamSubscription {
-    /// Hands `receipt`'s delivery to the keepalive (when it is on).
-    /// Keeps the delivery alive: within its handler deadline from now when it `runs`,
+    /// Hands `receipt`'s delivery to the keepalive (when it is on), which keeps it alive: within its handler deadline from now when it `runs`,
     /// without a limit while it waits (for its lane, or for a delayed copy's timer).
     fn keep_alive(&mut self, (tag, reply): &Receipt, runs: bool) {
         let Some(progress) = &self.in_progress else {

@@ -282,21 +282,25 @@ pub(crate) async fn declare(
 /// Whether `queue` exists (a passive declare on a channel of its own, which a refusal
 /// closes).
 async fn exists(connection: &lapin::Connection, queue: &str) -> bool {
-    let Ok(channel) = connection.create_channel().await else {
-        return false;
-    };
+    looked_up(connection, queue).await.is_ok()
+}
+
+/// `queue` as the broker tells it (a passive declare, on a channel of its own which a
+/// refusal closes): its ready messages and consumers.
+pub(crate) async fn looked_up(
+    connection: &lapin::Connection,
+    queue: &str,
+) -> Result<lapin::Queue, lapin::Error> {
+    let channel = connection.create_channel().await?;
     let passive = QueueDeclareOptions {
         passive: true,
         ..QueueDeclareOptions::default()
     };
-    let found = channel
+    let state = channel
         .queue_declare(ShortString::from(queue), passive, FieldTable::default())
-        .await
-        .is_ok();
-    if found {
-        let _ = channel.close(200, ShortString::from("looked")).await;
-    }
-    found
+        .await?;
+    let _ = channel.close(200, ShortString::from("looked")).await;
+    Ok(state)
 }
 
 /// Declares each binding's exchange (only checks `amq.*` ones) and binds `queue` to it, on

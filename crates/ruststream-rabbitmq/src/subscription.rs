@@ -330,19 +330,9 @@ impl Subscription for RabbitSubscription {
             let (link, queue) = (Arc::clone(&link), Arc::clone(&queue));
             Box::pin(async move {
                 let connection = link.connected().await.map_err(|e| e.to_string())?;
-                let channel = connection
-                    .create_channel()
+                let state = crate::descriptor::looked_up(&connection, &queue)
                     .await
                     .map_err(|e| e.to_string())?;
-                let passive = lapin::options::QueueDeclareOptions {
-                    passive: true,
-                    ..Default::default()
-                };
-                let state = channel
-                    .queue_declare(ShortString::from(&*queue), passive, FieldTable::default())
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let _ = channel.close(200, ShortString::from("measured")).await;
                 Ok(vec![ruststream_core::Backlog {
                     kind: "pending",
                     partition: None,
