@@ -6,6 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use crate::drop_log;
+
 /// At most one slow-consumer warning per this interval.
 const WARN_EVERY: Duration = Duration::from_secs(10);
 
@@ -30,30 +32,40 @@ impl SlowConsumers {
     }
 
     /// Names subscription `sid` after `subject` in warnings and counts.
-    pub(crate) fn register(&self, sid: u64, subject: &str) {
+    pub(crate) fn register(self: &Arc<Self>, sid: u64, subject: &str) {
         self.book().subjects.insert(sid, Arc::from(subject));
+        drop_log::hold(sid, self);
     }
 
-    pub(crate) fn unregister(&self, sid: u64) {
+    pub(crate) fn unregister(self: &Arc<Self>, sid: u64) {
         self.book().subjects.remove(&sid);
+        drop_log::release(sid, self);
     }
 
     /// One message dropped on subscription `sid`.
-    pub(crate) fn record(&self, sid: u64) {
-        let total = self.total.fetch_add(1, Ordering::Relaxed) + 1;
+    pub(crate) fn count(&self, sid: u64) {
+        self.total.fetch_add(1, Ordering::Relaxed);
         let mut book = self.book();
-        let subject = book.subjects.get(&sid).cloned();
-        let on_subject = subject.as_ref().map(|subject| {
-            let count = book.counts.entry(Arc::clone(subject)).or_default();
-            *count += 1;
-            *count
-        });
+        if let Some(subject) = book.subjects.get(&sid).cloned() {
+            *book.counts.entry(subject).or_default() += 1;
+        }
+    }
+
+    /// The client's event for a drop on `sid`: counted unless the log counts it
+    /// ([`drop_log`]), and warned about at most once per [`WARN_EVERY`].
+    pub(crate) fn record(&self, sid: u64) {
+        if !drop_log::counted_by_log(sid, self) {
+            self.count(sid);
+        }
+        let mut book = self.book();
         let now = Instant::now();
         if book
             .warned
             .is_none_or(|at| now.duration_since(at) >= WARN_EVERY)
         {
             book.warned = Some(now);
+            let subject = book.subjects.get(&sid).cloned();
+            let on_subject = subject.as_ref().and_then(|s| book.counts.get(s).copied());
             drop(book);
             tracing::warn!(
                 subject = subject
@@ -61,7 +73,7 @@ impl SlowConsumers {
                     .unwrap_or("(not a ruststream subscription)"),
                 sid,
                 dropped_on_subject = on_subject.unwrap_or(0),
-                dropped_on_connection = total,
+                dropped_on_connection = self.total(),
                 "Core NATS slow consumer: the client's buffer for the subscription is full and it drops messages (at-most-once); add lanes or make handlers faster"
             );
         }
@@ -94,7 +106,7 @@ mod tests {
 
     #[test]
     fn g7_drops_are_counted_per_registered_subject() {
-        let drops = SlowConsumers::default();
+        let drops = Arc::new(SlowConsumers::default());
         drops.register(3, "orders");
         drops.record(3);
         drops.record(3);

@@ -90,6 +90,7 @@
 
 mod ack_reply;
 mod core_subject;
+mod drop_log;
 mod drops;
 mod headers;
 mod jetstream;
@@ -101,6 +102,7 @@ use std::sync::Arc;
 
 pub use async_nats;
 pub use core_subject::{CoreSubject, CoreWildcard};
+pub use drop_log::slow_consumer_layer;
 use drops::SlowConsumers;
 
 /// The open subscriptions the descriptors make: the runtime drives them, a service never
@@ -300,8 +302,9 @@ impl Nats {
         }
     }
 
-    /// How many slow-consumer drops the client reported on this connection so far (a
-    /// lower bound: the client reports them through a bounded channel).
+    /// How many slow-consumer drops the client reported on this connection so far: exact
+    /// with [`slow_consumer_layer`] installed, else a lower bound (the client reports
+    /// them through a bounded channel it fills without waiting).
     pub fn slow_consumer_drops(&self) -> u64 {
         self.drops.total()
     }
