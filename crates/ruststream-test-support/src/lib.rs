@@ -11,7 +11,7 @@ pub mod trace;
 use std::future::Future;
 use std::io::Write;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -239,6 +239,72 @@ pub async fn forward_later(to: String, after: Duration) -> std::net::SocketAddr 
         }
     });
     address
+}
+
+/// A TCP relay to a broker, on a free local port, whose client-to-broker direction can be
+/// made to swallow what it reads (SPEC G3's transient failures, injected for one test
+/// without touching the broker other tests share): a request sent meanwhile never
+/// reaches the broker, so its answer never comes and the client times out, and nothing
+/// arrives twice when the relay heals. Broker-to-client bytes always pass.
+pub struct Relay {
+    address: std::net::SocketAddr,
+    swallowing: Arc<AtomicBool>,
+}
+
+impl Relay {
+    /// Starts relaying every connection made to [`Relay::address`] to `to` (`host:port`).
+    pub async fn start(to: String) -> Self {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the relay");
+        let address = listener.local_addr().expect("address");
+        let swallowing = Arc::new(AtomicBool::new(false));
+        let swallow = Arc::clone(&swallowing);
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(upstream) = tokio::net::TcpStream::connect(&to).await else {
+                    continue;
+                };
+                let (mut client_read, mut client_write) = client.into_split();
+                let (mut upstream_read, mut upstream_write) = upstream.into_split();
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut upstream_read, &mut client_write).await;
+                });
+                let swallow = Arc::clone(&swallow);
+                tokio::spawn(async move {
+                    let mut chunk = vec![0u8; 64 * 1024];
+                    while let Ok(n @ 1..) = client_read.read(&mut chunk).await {
+                        if swallow.load(Ordering::SeqCst) {
+                            continue;
+                        }
+                        if upstream_write.write_all(&chunk[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        Self {
+            address,
+            swallowing,
+        }
+    }
+
+    /// Where clients connect.
+    pub fn address(&self) -> std::net::SocketAddr {
+        self.address
+    }
+
+    /// From now on, what clients send is dropped (until [`Relay::heal`]).
+    pub fn swallow(&self) {
+        self.swallowing.store(true, Ordering::SeqCst);
+    }
+
+    /// What clients send passes again.
+    pub fn heal(&self) {
+        self.swallowing.store(false, Ordering::SeqCst);
+    }
 }
 
 /// CPU time this process has used so far (user and system), from `/proc/self/stat`.
