@@ -90,7 +90,11 @@ impl JetStreamConsumer {
         self
     }
 
-    /// Most deliveries the server lets the consumer hold unsettled.
+    /// Most deliveries the server lets the consumer hold unsettled. The default is the
+    /// registration's `max_in_flight` (SPEC G5): the server sends no more than the runtime
+    /// takes at once, so no delivery waits in the client's buffer, where nothing keeps it
+    /// alive, while its `ack_wait` runs out. A larger value brings that wait back (with
+    /// slow handlers, deliveries handled twice); a smaller one holds fewer in flight.
     pub fn max_ack_pending(mut self, max: i64) -> Self {
         self.max_ack_pending = Some(max);
         self
@@ -131,9 +135,10 @@ impl JetStreamConsumer {
     }
 
     /// Messages asked for per pull request (default [`DEFAULT_BATCH`], the client's own
-    /// default). Fetched messages wait in the client until a lane is free, and their
-    /// `ack_wait` runs meanwhile: for slow handlers keep it near the number of lanes (the
-    /// keepalive covers only deliveries handed to a lane).
+    /// default, never above the registration's `max_in_flight`). With the default
+    /// `max_ack_pending` the server never sends more than the runtime takes at once, and
+    /// the runtime keeps every delivery it holds alive, so a large batch with slow
+    /// handlers costs no duplicates.
     pub fn batch(mut self, batch: usize) -> Self {
         self.batch = batch.max(1);
         self
@@ -211,7 +216,7 @@ impl Descriptor for JetStreamConsumer {
             self.refuse_own_capture(&mut stream, dead, &address).await?;
         }
         let consumer: async_nats::jetstream::consumer::PullConsumer = stream
-            .create_consumer(self.pull_config())
+            .create_consumer(self.pull_config(declaration.max_in_flight))
             .await
             .map_err(|e| {
                 let what = format!("consumer `{}` on stream `{}`", self.consumer, self.stream);
@@ -219,7 +224,11 @@ impl Descriptor for JetStreamConsumer {
             })?;
         let messages = consumer
             .stream()
-            .max_messages_per_batch(self.batch)
+            .max_messages_per_batch(
+                declaration
+                    .max_in_flight
+                    .map_or(self.batch, |most| self.batch.min(most.max(1))),
+            )
             .messages()
             .await
             .map_err(|e| failed(format!("pulling from `{}`", self.consumer), e.into()))?;
@@ -253,14 +262,16 @@ impl Descriptor for JetStreamConsumer {
 
 impl JetStreamConsumer {
     /// The durable pull consumer this descriptor creates (or updates).
-    fn pull_config(&self) -> pull::Config {
+    /// The consumer's configuration; `max_ack_pending` defaults to `max_in_flight`.
+    fn pull_config(&self, max_in_flight: Option<usize>) -> pull::Config {
+        let in_flight = max_in_flight.map(|most| i64::try_from(most).unwrap_or(i64::MAX));
         pull::Config {
             durable_name: Some(self.consumer.clone()),
             filter_subject: self.filter_subject.clone().unwrap_or_default(),
             ack_policy: AckPolicy::Explicit,
             ack_wait: self.ack_wait,
             deliver_policy: self.deliver_policy,
-            max_ack_pending: self.max_ack_pending.unwrap_or_default(),
+            max_ack_pending: self.max_ack_pending.or(in_flight).unwrap_or_default(),
             ..Default::default()
         }
     }

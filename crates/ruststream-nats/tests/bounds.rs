@@ -264,3 +264,46 @@ async fn g5_jetstream_in_flight_reaches_max_in_flight_and_stays() {
     gate.add_permits(100);
     app.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g5_jetstream_is_sent_no_more_than_max_in_flight_so_nothing_outwaits_ack_wait() {
+    let nats = nats().await;
+    let name = unique("G5JS");
+    create_stream(&nats, &name, std::slice::from_ref(&name)).await;
+    let sent = 25u32;
+    for n in 0..sent {
+        nats.publisher()
+            .jetstream(&name, &Headers::new(), Bytes::from(n.to_string()), None)
+            .await
+            .expect("publish");
+    }
+    // One lane of 200 ms handlers behind a 1 s ack_wait: the last of 25 starts after 5 s.
+    // Any delivery waiting in the client's buffer (pulled, not yet taken by the runtime)
+    // would outwait its ack_wait and come again.
+    let script = Script::slow(Duration::from_millis(200), |_| HandlerOutcome::ack());
+    let app = App::new()
+        .register(
+            on(
+                nats.consumer(&name, "slow")
+                    .ack_wait(Duration::from_secs(1)),
+                handler(Arc::clone(&script)),
+            )
+            .lanes(1)
+            .max_in_flight(4),
+        )
+        .start()
+        .await
+        .expect("start");
+    eventually(Duration::from_secs(30), "every message handled", || {
+        script.count() >= sent as usize
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    app.stop().await;
+    let mut payloads: Vec<Vec<u8>> = script.calls().iter().map(|c| c.payload.to_vec()).collect();
+    let handled = payloads.len();
+    payloads.sort();
+    payloads.dedup();
+    assert_eq!(payloads.len(), sent as usize, "every message handled");
+    assert_eq!(handled, sent as usize, "none handled twice");
+}
