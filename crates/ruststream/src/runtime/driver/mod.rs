@@ -1,0 +1,201 @@
+//! The driver: one task per subscription, and the only user of it.
+//!
+//! # What the driver owns
+//!
+//! - The subscription: every fetch, every settlement and the close go through this task,
+//!   so a transport never sees two calls at once.
+//! - The lanes ([`Lanes`](super::lanes::Lanes)): futures polled by this task, not tasks
+//!   of their own, so handing a delivery to a lane and getting its settlement back costs
+//!   no cross-thread wake-up. Lanes overlap while handlers await; they share one thread.
+//! - The slot: the box the next fetch writes its delivery into, which then travels to a
+//!   lane as it is (nothing is moved or allocated per delivery).
+//! - The delayed copies' timers (`retry_after` on the runtime's copy path): one task each,
+//!   joined here, so their settlements too are made by this task.
+//! - The in-flight count (SPEC G5): a delivery counts from its fetch until its settlement
+//!   is done, including while it waits for its lane or for a delayed copy's timer.
+//!
+//! # One pass ([`pass`])
+//!
+//! A pass looks, in this order, at: a lane that finished, a timer that ran, the stop
+//! signal, the cooperative budget, then the fetch (the next delivery when there is room,
+//! the subscription's idle upkeep at the bound, nothing while a fetched delivery waits
+//! for its lane). The first thing found is the pass's event. One ladder serves both
+//! cases: the common case, a backlog with every lane free and no timer set, takes the
+//! same ladder with the subscription's immediate fetch (`Subscription::next_now`) and
+//! runs delivery after delivery within one poll: fetched, started, polled once, settled
+//! ([`start`], [`settle`]); it leaves that straight line at the first thing that would
+//! wait, for a full pass that waits on all of them at once.
+//!
+//! # While a delivery is in a lane
+//!
+//! Its handler runs under its deadline; the driver keeps fetching while lanes have room
+//! and there is room in flight. A delivery that waits for its lane, or whose handler did
+//! not finish in its first poll, is told to the subscription (`waiting`, `running_on`),
+//! so a transport can keep it alive (JetStream's `+WPI`); most deliveries never are.
+//! Per-key order holds because a key's deliveries share a lane, which runs one at a time.
+//!
+//! # Settlement ([`settle`])
+//!
+//! A delivery is settled after its handler's outcome was planned (and its copy, if the
+//! plan has one, confirmed by the broker): at once when the subscription can do it without
+//! waiting (`Subscription::settle_now`), else through `Subscription::settle`. Settlement
+//! failures are logged quietly (one ERROR, then one a minute) and the delivery comes back
+//! as the broker's rules say.
+//!
+//! # Stop ([`stop`])
+//!
+//! Nothing more is fetched; the lanes finish what they hold (a delivery fetched but not
+//! started runs too), delayed copies are published early (or, where the broker holds the
+//! original, handed back), all within the drain deadline; then the subscription is closed
+//! within the close deadline, whatever the broker does (SPEC E3, G6).
+
+mod pass;
+mod settle;
+mod start;
+mod stop;
+
+use std::future::{Future, poll_fn};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use ruststream_core::{SubscribeError, Subscription};
+use tokio::sync::watch;
+
+use super::lane;
+use super::lanes::{Finished, Lanes as LaneSet};
+use super::quiet::ErrorRun;
+use super::shared::{Job, Shared};
+use crate::extract::Incoming;
+use crate::middleware::Service;
+use crate::registration::LaneKey;
+use pass::{Event, StopSignal};
+use settle::Timed;
+
+/// After a subscription error, wait this long before fetching again.
+const ERROR_PAUSE: Duration = Duration::from_millis(200);
+
+/// How long a stop may take: the drain, then closing the subscription (SPEC G6).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Deadlines {
+    pub(crate) drain: Duration,
+    pub(crate) close: Duration,
+}
+
+/// How many lanes, and how deliveries are spread over them.
+pub(crate) struct Lanes {
+    pub(crate) count: usize,
+    pub(crate) key: LaneKey,
+}
+
+/// A fetched delivery waiting for room on its lane, and the lane.
+type Waiting<R> = Option<(usize, Job<R>)>;
+
+pub(crate) async fn drive<Sub: Subscription, S: Service>(
+    subscription: Sub,
+    shared: Arc<Shared<S>>,
+    lanes: Lanes,
+    stop: watch::Receiver<bool>,
+    deadlines: Deadlines,
+) {
+    let shared_ref: &Shared<S> = &shared;
+    let running = shared
+        .metrics
+        .as_ref()
+        .map(|_| Arc::clone(&shared.in_flight));
+    let context = Arc::clone(&shared.context);
+    let mut set = LaneSet::new(lanes.count, running, context, move |incoming| {
+        lane::handle(shared_ref, incoming)
+    });
+    let slot = set.slot();
+    let mut d = Driver {
+        subscription,
+        shared: &shared,
+        set,
+        pending: None,
+        lanes,
+        stop: StopSignal::new(stop),
+        at_bound: false,
+        fetch_errors: ErrorRun::default(),
+        settle_errors: ErrorRun::default(),
+        slot,
+    };
+    let mut timers = Timed::new();
+    loop {
+        // A delivery that waited for its lane and starts now: its deadline counts from
+        // here (JetStream keeps it alive that long: SPEC D3).
+        while let Some(receipt) = d.set.started_after_wait() {
+            d.subscription.running_on(receipt);
+        }
+        let done = match d.next_event(&mut timers).await {
+            Event::Finished(done) => {
+                d.set.start_waiting(&mut d.pending);
+                done
+            }
+            Event::Done(done) => done,
+            Event::Stop => break,
+            Event::Idle => continue,
+            Event::Fetched(receipt) => {
+                let idle = d.pending.is_none() && d.set.is_idle();
+                let Some(done) = with_context(|cx| d.fetched(receipt, idle, cx)).await else {
+                    continue;
+                };
+                done
+            }
+            Event::FetchFailed(error) => {
+                d.fetch_failed(&error).await;
+                continue;
+            }
+            Event::Ended => {
+                pass::note_ended(&shared);
+                break;
+            }
+        };
+        d.settle(done, &mut timers).await;
+    }
+
+    shared.health.ended();
+    let Driver {
+        subscription,
+        set,
+        pending,
+        ..
+    } = d;
+    stop::close_within(subscription, &shared, set, pending, timers, deadlines).await;
+}
+
+/// The driver's state, apart from the delayed copies' timers.
+struct Driver<'s, Sub: Subscription, S, F, St> {
+    subscription: Sub,
+    shared: &'s Arc<Shared<S>>,
+    set: LaneSet<Sub::Receipt, F, St>,
+    /// A fetched delivery waiting for room on its lane.
+    pending: Waiting<Sub::Receipt>,
+    lanes: Lanes,
+    stop: StopSignal,
+    at_bound: bool,
+    fetch_errors: ErrorRun,
+    settle_errors: ErrorRun,
+    /// The box the next fetch writes its delivery into.
+    slot: Box<Incoming>,
+}
+
+impl<Sub, S, F, St> Driver<'_, Sub, S, F, St>
+where
+    Sub: Subscription,
+    F: Future<Output = Finished>,
+    St: Fn(Box<Incoming>) -> F,
+{
+    /// A fetch failed: told, and the next one after a pause.
+    #[cold]
+    async fn fetch_failed(&mut self, error: &SubscribeError) {
+        pass::fetch_failed(&mut self.fetch_errors, self.shared, error);
+        tokio::time::sleep(ERROR_PAUSE).await;
+    }
+}
+
+/// A future ready in its first poll with what `f` makes of that poll's context.
+fn with_context<T>(f: impl FnOnce(&mut Context<'_>) -> T) -> impl Future<Output = T> {
+    let mut f = Some(f);
+    poll_fn(move |cx| Poll::Ready(f.take().expect("polled once")(cx)))
+}

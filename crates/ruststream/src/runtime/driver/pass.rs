@@ -1,0 +1,272 @@
+//! One pass of the driver's loop: the event ladder, and the straight line the common case
+//! takes through it.
+
+use std::future::{Future, poll_fn};
+use std::pin::{Pin, pin};
+use std::sync::atomic::Ordering;
+use std::task::{Context, Poll};
+
+use ruststream_core::{SubscribeError, Subscription};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use super::settle::Timed;
+use super::{Driver, LaneSet};
+use crate::extract::Incoming;
+use crate::middleware::Service;
+use crate::runtime::lanes::Finished;
+use crate::runtime::quiet::ErrorRun;
+use crate::runtime::shared::{Done, Shared};
+
+/// What one pass of the driver's loop found to do, in the order it looks.
+pub(super) enum Event<R> {
+    /// A lane finished a delivery.
+    Finished(Done<R>),
+    /// A delivery to settle: a delayed copy's timer ran, or the straight line has one
+    /// whose settlement waits (or is not a plain settlement).
+    Done(Done<R>),
+    Stop,
+    /// The subscription's idle upkeep at the bound returned.
+    Idle,
+    /// The fetch wrote a delivery into the slot; its receipt.
+    Fetched(R),
+    /// Boxed: an event is moved a few times for every delivery, an error is rare.
+    FetchFailed(Box<SubscribeError>),
+    Ended,
+}
+
+impl<R> Event<R> {
+    /// What a fetch came to.
+    #[inline(always)]
+    fn fetched(fetched: Option<Result<R, SubscribeError>>) -> Self {
+        match fetched {
+            Some(Ok(receipt)) => Self::Fetched(receipt),
+            Some(Err(error)) => Self::FetchFailed(Box::new(error)),
+            None => Self::Ended,
+        }
+    }
+}
+
+impl<Sub, S, F, St> Driver<'_, Sub, S, F, St>
+where
+    Sub: Subscription,
+    S: Service,
+    F: Future<Output = Finished>,
+    St: Fn(Box<Incoming>) -> F,
+{
+    /// The loop's next event. While every lane is free, nothing waits for one and no
+    /// timer is set, the ladder runs with the subscription's immediate fetch and what it
+    /// fetches is started, polled and settled here, one delivery after another, within
+    /// this one poll; the first thing that is not done at once is the event, and a fetch
+    /// that would wait leaves the straight line for a full pass, which waits on the
+    /// lanes, the timers, the stop signal and the fetch at once.
+    pub(super) async fn next_event(
+        &mut self,
+        timers: &mut Timed<Sub::Receipt>,
+    ) -> Event<Sub::Receipt> {
+        // A delivery the straight line goes on from was settled in its first poll: the
+        // lanes are idle again, and nothing in it sets a timer or makes one wait.
+        let idle = timers.set.is_empty() && self.pending.is_none() && self.set.is_idle();
+        let straight = poll_fn(|cx| {
+            loop {
+                debug_assert!(!idle || (self.set.is_idle() && self.pending.is_none()));
+                if !idle || !fetch_room(&self.subscription, self.shared, &mut self.at_bound) {
+                    return Poll::Ready(None);
+                }
+                let polled = {
+                    let (subscription, slot) = (&mut self.subscription, self.slot.delivery_mut());
+                    let now = pin!(poll_fn(|_| subscription.next_now(slot).map(Event::fetched)));
+                    // Nothing runs and no timer is set: nothing can finish.
+                    poll_event::<_, F, St, _>(cx, None, &mut self.stop, now)
+                };
+                let receipt = match polled {
+                    // Out of budget, or nothing at once: the full pass.
+                    Poll::Pending => return Poll::Ready(None),
+                    Poll::Ready(Event::Fetched(receipt)) => receipt,
+                    Poll::Ready(event) => return Poll::Ready(Some(event)),
+                };
+                let Some(done) = self.fetched(receipt, true, cx) else {
+                    return Poll::Ready(None);
+                };
+                if let Some(done) = self.settle_now(done) {
+                    return Poll::Ready(Some(Event::Done(done)));
+                }
+            }
+        });
+        if let Some(event) = straight.await {
+            return event;
+        }
+        let room = fetch_room(&self.subscription, self.shared, &mut self.at_bound);
+        let waiting = self.pending.is_some();
+        let (subscription, slot) = (&mut self.subscription, self.slot.delivery_mut());
+        let mut fetch = pin!(async move {
+            if waiting {
+                std::future::pending::<()>().await;
+            }
+            if room {
+                Event::fetched(subscription.next_into(slot).await)
+            } else {
+                subscription.idle().await;
+                Event::Idle
+            }
+        });
+        let (set, stop) = (&mut self.set, &mut self.stop);
+        poll_fn(|cx| poll_event(cx, Some((&mut *set, &mut timers.set)), stop, fetch.as_mut())).await
+    }
+}
+
+/// What may finish: the lanes, and the delayed copies' timers.
+type Running<'a, R, F, St> = (&'a mut LaneSet<R, F, St>, &'a mut JoinSet<Done<R>>);
+
+/// The ladder: finished lanes, then timers (`running`: `None` when nothing runs and no
+/// timer is set), the stop signal, the budget and the fetch. The fetch lives as long as the pass waits (it holds the waker the broker wakes), and is
+/// dropped, like a `select!` branch, once something else comes first.
+#[inline(always)]
+fn poll_event<R, F, St, Fetch>(
+    cx: &mut Context<'_>,
+    running: Option<Running<'_, R, F, St>>,
+    stop: &mut StopSignal,
+    fetch: Pin<&mut Fetch>,
+) -> Poll<Event<R>>
+where
+    R: Send + 'static,
+    F: Future<Output = Finished>,
+    St: Fn(Box<Incoming>) -> F,
+    Fetch: Future<Output = Event<R>>,
+{
+    if let Some((set, timers)) = running {
+        if let Poll::Ready(done) = set.poll_finished(cx) {
+            return Poll::Ready(Event::Finished(done));
+        }
+        if !timers.is_empty()
+            && let Poll::Ready(Some(joined)) = timers.poll_join_next(cx)
+        {
+            // A timer that panicked or was aborted leaves nothing to settle.
+            if let Ok(done) = joined {
+                return Poll::Ready(Event::Done(done));
+            }
+        }
+    }
+    if stop.changed_to_stop(cx) {
+        return Poll::Ready(Event::Stop);
+    }
+    // A broker with a backlog answers every fetch at once, and most clients' fetches
+    // (librdkafka's queue, the memory broker) take nothing from tokio's cooperative
+    // budget: each takes a unit here, so the driver gives its thread back every so many
+    // deliveries instead of only when the backlog is gone (the runtime's other tasks,
+    // timers and handler deadlines included, would wait that long).
+    let Poll::Ready(budget) = tokio::task::coop::poll_proceed(cx) else {
+        // Out of budget: this task is woken again at once, behind the others.
+        return Poll::Pending;
+    };
+    if let Poll::Ready(event) = fetch.poll(cx) {
+        budget.made_progress();
+        return Poll::Ready(event);
+    }
+    // Nothing to do: wait, and make sure a stop wakes this task.
+    if stop.poll_stopped(cx) {
+        return Poll::Ready(Event::Stop);
+    }
+    Poll::Pending
+}
+
+/// The app's stop signal as the loop sees it: one waiter for the whole loop (it also
+/// sees a stop asked before the start, and a dropped app, whose sender is gone), polled
+/// when the probe says the signal changed (first pass included) and before the loop
+/// waits; the probe is one atomic load per pass.
+pub(super) struct StopSignal {
+    probe: watch::Receiver<bool>,
+    waiter: Pin<Box<dyn Future<Output = ()> + Send>>,
+}
+
+impl StopSignal {
+    pub(super) fn new(mut stop: watch::Receiver<bool>) -> Self {
+        let mut probe = stop.clone();
+        probe.mark_changed();
+        let waiter = Box::pin(async move {
+            while !*stop.borrow_and_update() {
+                if stop.changed().await.is_err() {
+                    break;
+                }
+            }
+        });
+        Self { probe, waiter }
+    }
+
+    /// Whether a stop came, looking only when the probe says the signal changed.
+    #[inline]
+    fn changed_to_stop(&mut self, cx: &mut Context<'_>) -> bool {
+        if !self.probe.has_changed().unwrap_or(true) {
+            return false;
+        }
+        // Marked seen before the poll: a stop asked after it shows on the next pass.
+        self.probe.mark_unchanged();
+        self.waiter.as_mut().poll(cx).is_ready()
+    }
+
+    /// Whether a stop came; otherwise this task is woken when one does.
+    fn poll_stopped(&mut self, cx: &mut Context<'_>) -> bool {
+        self.waiter.as_mut().poll(cx).is_ready()
+    }
+}
+
+/// Whether there is room to fetch. At the bound nothing more is fetched until deliveries
+/// settle (G5): running, queued, waiting for a delayed copy, or held by the subscription
+/// itself. The subscription then only keeps up what it must (an EOS window's commit).
+#[inline(always)]
+fn fetch_room<Sub: Subscription, S>(
+    subscription: &Sub,
+    shared: &Shared<S>,
+    at_bound: &mut bool,
+) -> bool {
+    let holding = subscription.holding();
+    let held = &shared.in_flight.held;
+    if held.load(Ordering::Relaxed) != holding {
+        held.store(holding, Ordering::Relaxed);
+    }
+    let room = shared.in_flight.count() + holding < shared.max_in_flight;
+    if room == *at_bound {
+        *at_bound = !room;
+        note_bound(shared, *at_bound);
+    }
+    room
+}
+
+/// Fetching paused at `max_in_flight` (G5), or resumed.
+fn note_bound<S>(shared: &Shared<S>, at_bound: bool) {
+    tracing::debug!(
+        registration = &*shared.registration,
+        max_in_flight = shared.max_in_flight,
+        "{}",
+        if at_bound {
+            "max_in_flight reached; fetching paused"
+        } else {
+            "fetching resumed"
+        }
+    );
+}
+
+/// The subscription ended by itself (not by a stop).
+#[cold]
+pub(super) fn note_ended<S>(shared: &Shared<S>) {
+    tracing::warn!(
+        registration = &*shared.registration,
+        "the subscription ended: this registration receives nothing more"
+    );
+}
+
+/// A fetch failed: readiness and metrics say so. While a broker is down this repeats
+/// every pause: one ERROR, then at most one a minute with how many were left out.
+pub(super) fn fetch_failed<S>(run: &mut ErrorRun, shared: &Shared<S>, error: &SubscribeError) {
+    shared.health.fetch_failed(true);
+    if let Some(metrics) = &shared.metrics {
+        metrics.fetch_errors.inc();
+    }
+    let registration = &*shared.registration;
+    match run.failed() {
+        Some(quiet) => {
+            tracing::error!(registration, %error, since_last_logged = quiet, "fetching failed; trying again");
+        }
+        None => tracing::debug!(registration, %error, "fetching failed; trying again"),
+    }
+}

@@ -1,0 +1,214 @@
+//! Settlement: the one path from what a delivery came to, to the broker operation.
+
+use std::future::Future;
+use std::ops::ControlFlow;
+use std::sync::Arc;
+
+use ruststream_core::{AckError, Settle, Subscription};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio::time::{Instant, sleep_until};
+
+use super::Driver;
+use crate::extract::Incoming;
+use crate::middleware::Service;
+use crate::ops::SettleError;
+use crate::runtime::copy;
+use crate::runtime::lanes::Finished;
+use crate::runtime::quiet::ErrorRun;
+use crate::runtime::shared::{DelayedCopy, Done, Fate, Shared};
+
+/// The mode delayed copies wait in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Timers {
+    Waiting,
+    Stopping,
+}
+
+/// The delayed copies' timer tasks, and the mode they wait in.
+pub(super) struct Timed<R> {
+    pub(super) set: JoinSet<Done<R>>,
+    pub(super) tx: watch::Sender<Timers>,
+    rx: watch::Receiver<Timers>,
+}
+
+impl<R: Send + 'static> Timed<R> {
+    pub(super) fn new() -> Self {
+        let (tx, rx) = watch::channel(Timers::Waiting);
+        Self {
+            set: JoinSet::new(),
+            tx,
+            rx,
+        }
+    }
+}
+
+impl<Sub, S, F, St> Driver<'_, Sub, S, F, St>
+where
+    Sub: Subscription,
+    S: Service,
+    F: Future<Output = Finished>,
+    St: Fn(Box<Incoming>) -> F,
+{
+    /// Settles `done`, or starts its delayed copy's timer.
+    pub(super) async fn settle(
+        &mut self,
+        done: Done<Sub::Receipt>,
+        timers: &mut Timed<Sub::Receipt>,
+    ) {
+        if let Some(Done { receipt, fate }) = self.settle_now(done) {
+            let errors = &mut self.settle_errors;
+            apply(
+                &mut self.subscription,
+                self.shared,
+                receipt,
+                fate,
+                timers,
+                errors,
+            )
+            .await;
+        }
+    }
+
+    /// The early branch of [`settle`](Self::settle): settles `done` when that waits for
+    /// nothing (a settlement the subscription makes at once, or nothing to settle); hands
+    /// it back otherwise.
+    #[inline(always)]
+    pub(super) fn settle_now(&mut self, done: Done<Sub::Receipt>) -> Option<Done<Sub::Receipt>> {
+        let Done { receipt, fate } = done;
+        let Fate::Settle(settle) = fate else {
+            return Some(Done { receipt, fate });
+        };
+        if settle == Settle::Nothing {
+            // Nothing to settle (a Core NATS delivery, an original whose copy went out).
+            self.shared.end();
+            return None;
+        }
+        match self.subscription.settle_now(receipt, settle) {
+            ControlFlow::Break(result) => {
+                settled(result, &mut self.settle_errors, self.shared, settle);
+                None
+            }
+            ControlFlow::Continue(receipt) => Some(Done {
+                receipt,
+                fate: Fate::Settle(settle),
+            }),
+        }
+    }
+}
+
+/// What a delivery came to, done: its settlement made (the subscription's waiting form,
+/// after the immediate one declined), or its delayed copy's timer started.
+pub(super) async fn apply<Sub: Subscription, S: Service>(
+    subscription: &mut Sub,
+    shared: &Arc<Shared<S>>,
+    receipt: Sub::Receipt,
+    fate: Fate,
+    timers: &mut Timed<Sub::Receipt>,
+    settle_errors: &mut ErrorRun,
+) {
+    match fate {
+        Fate::Settle(Settle::Nothing) | Fate::HandedBack => shared.end(),
+        Fate::Settle(settle) => {
+            let result = subscription.settle(receipt, settle).await;
+            settled(result, settle_errors, shared, settle);
+        }
+        Fate::Delayed(delayed) => {
+            subscription.parked(&receipt);
+            start_timer(Arc::clone(shared), receipt, *delayed, timers);
+        }
+    }
+}
+
+/// A delayed copy's timer: at its due time (or early, at stop) the copy is published and
+/// the original's settlement comes back to the driver.
+fn start_timer<S: Service, R: Send + 'static>(
+    shared: Arc<Shared<S>>,
+    receipt: R,
+    delayed: DelayedCopy,
+    timers: &mut Timed<R>,
+) {
+    let DelayedCopy {
+        incoming,
+        copy,
+        settle,
+    } = delayed;
+    let mut mode = timers.rx.clone();
+    let delayed = shared.metrics.as_ref().map(|m| m.delayed.clone());
+    if let Some(delayed) = &delayed {
+        delayed.inc();
+    }
+    timers.set.spawn(async move {
+        // Counted out however the task ends (aborted at the drain deadline too).
+        let _counted = delayed.map(DelayedGuard);
+        let due = Instant::now() + copy.delay;
+        let stopped = tokio::select! {
+            () = sleep_until(due) => false,
+            _ = mode.wait_for(|m| *m == Timers::Stopping) => true,
+        };
+        if stopped && shared.capabilities.holds_original {
+            // The original is still unsettled: the broker brings it back.
+            let fate = Fate::HandedBack;
+            return Done { receipt, fate };
+        }
+        if stopped {
+            tracing::warn!(
+                registration = &*shared.registration,
+                address = incoming.delivery().address(),
+                "stopping: publishing a delayed retry copy before its time so it is not lost"
+            );
+        }
+        let settle = copy::deliver(&shared, incoming.delivery(), copy, settle).await;
+        let fate = Fate::Settle(settle);
+        Done { receipt, fate }
+    });
+}
+
+/// Takes a delayed copy off the `ruststream_delayed` gauge when its timer task ends.
+struct DelayedGuard(prometheus_client::metrics::gauge::Gauge);
+
+impl Drop for DelayedGuard {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// A settlement done: its failure told, and the delivery counted out of flight.
+#[inline(always)]
+fn settled<S>(
+    result: Result<(), AckError>,
+    settle_errors: &mut ErrorRun,
+    shared: &Shared<S>,
+    settle: Settle,
+) {
+    match result {
+        Ok(()) => {
+            settle_errors.succeeded();
+            if settle == Settle::DeadLetter {
+                copy::dead_lettered(shared, None);
+            }
+        }
+        Err(error) => settle_failed(settle_errors, shared, settle, &error),
+    }
+    shared.end();
+}
+
+/// A settlement failed (its delivery comes back as the broker's rules say). During a
+/// broker restart every running delivery's settlement fails: one ERROR, then at most one
+/// a minute with how many were left out, until one goes through.
+#[cold]
+fn settle_failed<S>(run: &mut ErrorRun, shared: &Shared<S>, settle: Settle, error: &AckError) {
+    if let Some(metrics) = &shared.metrics {
+        metrics.settle_failed(match error {
+            AckError::Unsupported { .. } => SettleError::Unsupported,
+            _ => SettleError::Failed,
+        });
+    }
+    let registration = &*shared.registration;
+    match run.failed() {
+        Some(quiet) => {
+            tracing::error!(registration, ?settle, %error, since_last_logged = quiet, "settlement failed");
+        }
+        None => tracing::debug!(registration, ?settle, %error, "settlement failed"),
+    }
+}
