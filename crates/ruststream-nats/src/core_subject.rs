@@ -219,6 +219,21 @@ pub struct CoreSubscription {
 }
 
 impl CoreSubscription {
+    /// The fetch, for both `next_into` (the driver's context) and `next_now` (a context
+    /// that wakes no one): the next message in the client's buffer, written into `slot`.
+    #[inline(always)]
+    fn take(
+        &mut self,
+        cx: &mut Context<'_>,
+        slot: &mut Delivery,
+    ) -> Poll<Option<Result<(), SubscribeError>>> {
+        let Some(message) = std::task::ready!(self.subscriber.poll_next_unpin(cx)) else {
+            return Poll::Ready(None);
+        };
+        self.fill(message, slot);
+        Poll::Ready(Some(Ok(())))
+    }
+
     /// Writes a message from the client into `slot`.
     #[inline]
     fn fill(&mut self, message: async_nats::Message, slot: &mut Delivery) {
@@ -268,21 +283,14 @@ impl Subscription for CoreSubscription {
     }
 
     async fn next_into(&mut self, slot: &mut Delivery) -> Option<Result<(), SubscribeError>> {
-        let message = self.subscriber.next().await?;
-        self.fill(message, slot);
-        Some(Ok(()))
+        std::future::poll_fn(|cx| self.take(cx, slot)).await
     }
 
     /// A message already in the client's buffer.
     fn next_now(&mut self, slot: &mut Delivery) -> Poll<Option<Result<(), SubscribeError>>> {
         // Nothing is left waiting on this context: when it finds nothing, `next_into`
         // polls again with the driver's own.
-        let mut cx = Context::from_waker(Waker::noop());
-        let Some(message) = std::task::ready!(self.subscriber.poll_next_unpin(&mut cx)) else {
-            return Poll::Ready(None);
-        };
-        self.fill(message, slot);
-        Poll::Ready(Some(Ok(())))
+        self.take(&mut Context::from_waker(Waker::noop()), slot)
     }
 
     async fn settle(&mut self, _receipt: (), settle: Settle) -> Result<(), AckError> {

@@ -1,5 +1,6 @@
 //! JetStream: a durable pull consumer whose deliveries the server settles (SPEC N1, N4-N7).
 
+use std::future::poll_fn;
 use std::ops::ControlFlow;
 use std::pin::pin;
 use std::sync::Arc;
@@ -399,6 +400,42 @@ impl JetStreamSubscription {
         }
     }
 
+    /// The fetch, for both `next_into` (the driver's context) and `next_now` (a context
+    /// that wakes no one): the next JetStream delivery in the client's buffer, written
+    /// into `slot`.
+    #[inline(always)]
+    fn take(
+        &mut self,
+        cx: &mut Context<'_>,
+        slot: &mut Delivery,
+    ) -> Poll<Option<Result<Receipt, SubscribeError>>> {
+        loop {
+            let message = match std::task::ready!(self.messages.poll_next_unpin(cx)) {
+                None => return Poll::Ready(None),
+                Some(Ok(message)) => message,
+                Some(Err(e)) => {
+                    return Poll::Ready(Some(Err(SubscribeError::new(&*self.address, e))));
+                }
+            };
+            if let Some(receipt) = self.fill(message, slot) {
+                return Poll::Ready(Some(Ok(receipt)));
+            }
+        }
+    }
+
+    /// The acknowledgement `kind` on `reply`: a publish into the client's queue, or with
+    /// double acks a request that waits for the server's reply.
+    async fn acknowledge(&self, reply: Subject, kind: AckKind) -> Result<(), AckError> {
+        let payload = Bytes::from(kind);
+        if self.double_ack {
+            let reply = self.client.request(reply, payload).await;
+            reply.map(drop).map_err(AckError::failed)
+        } else {
+            let published = self.client.publish(reply, payload).await;
+            published.map_err(AckError::failed)
+        }
+    }
+
     /// Writes a message from the client into `slot`: its receipt, or `None` (said in the
     /// log) for one that is not a JetStream delivery, which is skipped.
     #[inline(always)]
@@ -517,34 +554,14 @@ impl Subscription for JetStreamSubscription {
     }
 
     async fn next_into(&mut self, slot: &mut Delivery) -> Option<Result<Receipt, SubscribeError>> {
-        loop {
-            let message = match self.messages.next().await? {
-                Ok(message) => message,
-                Err(e) => return Some(Err(SubscribeError::new(&*self.address, e))),
-            };
-            if let Some(receipt) = self.fill(message, slot) {
-                return Some(Ok(receipt));
-            }
-        }
+        poll_fn(|cx| self.take(cx, slot)).await
     }
 
     /// A message already in the client's buffer.
     fn next_now(&mut self, slot: &mut Delivery) -> Poll<Option<Result<Receipt, SubscribeError>>> {
         // Nothing is left waiting on this context: when it finds nothing, `next_into`
         // polls again with the driver's own.
-        let mut cx = Context::from_waker(Waker::noop());
-        loop {
-            let message = match std::task::ready!(self.messages.poll_next_unpin(&mut cx)) {
-                None => return Poll::Ready(None),
-                Some(Ok(message)) => message,
-                Some(Err(e)) => {
-                    return Poll::Ready(Some(Err(SubscribeError::new(&*self.address, e))));
-                }
-            };
-            if let Some(receipt) = self.fill(message, slot) {
-                return Poll::Ready(Some(Ok(receipt)));
-            }
-        }
+        self.take(&mut Context::from_waker(Waker::noop()), slot)
     }
 
     /// Kept alive from now on (`+WPI`, D3): most deliveries are settled in their
@@ -562,31 +579,21 @@ impl Subscription for JetStreamSubscription {
         self.keep_alive(receipt, false);
     }
 
-    async fn settle(&mut self, (tag, reply): Receipt, settle: Settle) -> Result<(), AckError> {
-        self.forget_kept_alive(tag);
-        let kind = match ack_kind(settle)? {
-            Some(kind) => kind,
-            // No outcome: the server redelivers after ack_wait (N1).
-            None => return Ok(()),
+    async fn settle(&mut self, receipt: Receipt, settle: Settle) -> Result<(), AckError> {
+        let (tag, reply) = match self.settle_now(receipt, settle) {
+            ControlFlow::Break(result) => return result,
+            ControlFlow::Continue(receipt) => receipt,
         };
-        let payload = Bytes::from(kind);
-        if self.double_ack {
-            self.client
-                .request(reply, payload)
-                .await
-                .map(drop)
-                .map_err(AckError::failed)
-        } else {
-            self.client
-                .publish(reply, payload)
-                .await
-                .map_err(AckError::failed)
+        self.forget_kept_alive(tag);
+        match ack_kind(settle)? {
+            Some(kind) => self.acknowledge(reply, kind).await,
+            // No outcome: the server redelivers after ack_wait (N1).
+            None => Ok(()),
         }
     }
 
     /// An acknowledgement (not a double one, which waits for the server's reply) put in
-    /// the client's queue at once when it has room: the publish `settle` makes, polled
-    /// once here.
+    /// the client's queue at once when it has room: `acknowledge`, polled once here.
     fn settle_now(
         &mut self,
         receipt: Receipt,
@@ -600,12 +607,12 @@ impl Subscription for JetStreamSubscription {
         // is a tokio channel, whose send is cancel safe), and `settle` publishes again
         // and waits with the driver's own context.
         let mut cx = Context::from_waker(Waker::noop());
-        let publish = self.client.publish(receipt.1.clone(), Bytes::from(kind));
-        let Poll::Ready(published) = pin!(publish).poll(&mut cx) else {
+        let Poll::Ready(published) = pin!(self.acknowledge(receipt.1.clone(), kind)).poll(&mut cx)
+        else {
             return ControlFlow::Continue(receipt);
         };
         self.forget_kept_alive(receipt.0);
-        ControlFlow::Break(published.map_err(AckError::failed))
+        ControlFlow::Break(published)
     }
 
     async fn close(mut self) {

@@ -1,7 +1,7 @@
 //! An open Pulsar subscription: individual acks and nacks, held delayed redeliveries, and
 //! the attempt count kept per message id.
 
-use std::future::Future;
+use std::future::{Future, poll_fn};
 use std::ops::ControlFlow;
 use std::pin::pin;
 use std::sync::Arc;
@@ -203,6 +203,37 @@ impl PulsarSubscription {
     /// The current consumer, for a settlement. None after the connection was lost: the
     /// settlement fails at once (the broker delivers the message again) rather than
     /// waiting for a new subscription, which only `next` makes, where a stop can cut it.
+    /// The fetch, for both `next_into` (the driver's context) and `next_now` (a context
+    /// that wakes no one): the next message the consumer has, written into `slot`;
+    /// `None` when there is no consumer or its stream ended (it is then dropped, and
+    /// `next_into` subscribes again).
+    #[inline(always)]
+    fn take(
+        &mut self,
+        cx: &mut Context<'_>,
+        slot: &mut Delivery,
+    ) -> Poll<Option<Result<PulsarReceipt, SubscribeError>>> {
+        loop {
+            let Some(consumer) = self.consumer.as_mut() else {
+                return Poll::Ready(None);
+            };
+            match std::task::ready!(consumer.poll_next_unpin(cx)) {
+                Some(Ok(message)) => {
+                    if let Some(receipt) = self.arrived(message, slot) {
+                        return Poll::Ready(Some(Ok(receipt)));
+                    }
+                }
+                Some(Err(e)) => {
+                    return Poll::Ready(Some(Err(SubscribeError::new(&*self.address, e))));
+                }
+                None => {
+                    self.lost_consumer();
+                    return Poll::Ready(None);
+                }
+            }
+        }
+    }
+
     fn current(&mut self) -> Result<&mut Consumer<Vec<u8>, TokioExecutor>, AckError> {
         self.consumer.as_mut().ok_or_else(|| {
             AckError::failed(
@@ -240,29 +271,27 @@ impl Subscription for PulsarSubscription {
             if !self.held.is_empty() && self.nack_due().await {
                 continue;
             }
-            let Some(consumer) = self.consumer.as_mut() else {
+            if self.consumer.is_none() {
                 match self.resubscribe().await {
                     Ok(()) => continue,
                     // The driver logs it, pauses, and asks again.
                     Err(e) => return Some(Err(e)),
                 }
-            };
-            let due = self.held.next_due();
-            let next = match due {
-                None => consumer.next().await,
-                Some(due) => tokio::select! {
-                    message = consumer.next() => message,
-                    () = tokio::time::sleep_until(due) => continue,
-                },
-            };
-            match next {
-                Some(Ok(message)) => {
-                    if let Some(receipt) = self.arrived(message, slot) {
-                        return Some(Ok(receipt));
-                    }
+            }
+            let mut due = pin!(self.held.next_due().map(tokio::time::sleep_until));
+            let taken = poll_fn(|cx| {
+                if let Poll::Ready(taken) = self.take(cx, slot) {
+                    return Poll::Ready(Some(taken));
                 }
-                Some(Err(e)) => return Some(Err(SubscribeError::new(&*self.address, e))),
-                None => self.lost_consumer(),
+                // A held delivery's delay is over: it is nacked first.
+                match due.as_mut().as_pin_mut().map(|sleep| sleep.poll(cx)) {
+                    Some(Poll::Ready(())) => Poll::Ready(None),
+                    _ => Poll::Pending,
+                }
+            });
+            // `None`: a delay over, or the consumer lost (subscribed again above).
+            if let Some(Some(taken)) = taken.await {
+                return Some(taken);
             }
         }
     }
@@ -273,43 +302,29 @@ impl Subscription for PulsarSubscription {
         &mut self,
         slot: &mut Delivery,
     ) -> Poll<Option<Result<PulsarReceipt, SubscribeError>>> {
+        if !self.held.is_empty() {
+            return Poll::Pending;
+        }
         // Nothing is left waiting on this context: when it finds nothing, `next_into`
         // polls again with the driver's own.
-        let mut cx = Context::from_waker(Waker::noop());
-        loop {
-            if !self.held.is_empty() {
-                return Poll::Pending;
-            }
-            let Some(consumer) = self.consumer.as_mut() else {
-                return Poll::Pending;
-            };
-            match std::task::ready!(consumer.poll_next_unpin(&mut cx)) {
-                Some(Ok(message)) => {
-                    if let Some(receipt) = self.arrived(message, slot) {
-                        return Poll::Ready(Some(Ok(receipt)));
-                    }
-                }
-                Some(Err(e)) => {
-                    return Poll::Ready(Some(Err(SubscribeError::new(&*self.address, e))));
-                }
-                // `next_into` subscribes again.
-                None => {
-                    self.lost_consumer();
-                    return Poll::Pending;
-                }
-            }
+        match self.take(&mut Context::from_waker(Waker::noop()), slot) {
+            Poll::Ready(Some(taken)) => Poll::Ready(Some(taken)),
+            // The consumer is gone: `next_into` subscribes again.
+            _ => Poll::Pending,
         }
     }
 
     async fn settle(&mut self, receipt: PulsarReceipt, settle: Settle) -> Result<(), AckError> {
+        let receipt = match self.settle_now(receipt, settle) {
+            ControlFlow::Break(result) => return result,
+            ControlFlow::Continue(receipt) => receipt,
+        };
         match settle {
             Settle::Nothing => Ok(()),
+            // `settle_now` acks while the consumer is there.
             Settle::Ack | Settle::Drop => {
                 self.attempts.remove(&key(&receipt.id));
-                self.current()?
-                    .ack_with_id(&receipt.topic, receipt.id)
-                    .await
-                    .map_err(AckError::failed)
+                self.current().map(drop)
             }
             Settle::Redeliver => self.nack(receipt).await,
             Settle::RedeliverAfter(delay) => {

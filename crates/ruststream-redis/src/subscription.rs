@@ -215,8 +215,8 @@ impl Subscription for RedisSubscription {
         slot: &mut Delivery,
     ) -> Option<Result<RedisReceipt, SubscribeError>> {
         loop {
-            if let Some(entry) = self.ready.pop_front() {
-                return Some(Ok(self.delivery(entry, slot)));
+            if let Poll::Ready(next) = self.next_now(slot) {
+                return next;
             }
             // Nothing held is the common case: then no clock read, no call.
             if !self.held.is_empty() {
@@ -226,28 +226,19 @@ impl Subscription for RedisSubscription {
                     None => {}
                 }
             }
-            // An entry read already goes out at once; before waiting for more, the
-            // acknowledgements so far are sent, as one XACK.
-            let next = match self.rx.try_recv() {
-                Ok(read) => Some(read),
-                Err(mpsc::error::TryRecvError::Empty) => None,
-                Err(mpsc::error::TryRecvError::Disconnected) => return None,
-            };
-            if next.is_none() || self.acks.len() >= ACKS_AT_ONCE {
-                self.flush_acks().await;
-            }
-            if let Some(read) = next {
-                return Some(read.map(|entry| self.delivery(entry, slot)));
-            }
+            // Before waiting for more (or when a batch is full), the acknowledgements so
+            // far are sent, as one XACK.
+            self.flush_acks().await;
             let due = self.held.next_due();
-            return tokio::select! {
+            tokio::select! {
                 biased;
                 read = self.rx.recv() => match read? {
-                    Ok(entry) => Some(Ok(self.delivery(entry, slot))),
-                    Err(e) => Some(Err(e)),
+                    // Filled by `next_now` on the next turn: one place fills the slot.
+                    Ok(entry) => self.ready.push_back(entry),
+                    Err(e) => return Some(Err(e)),
                 },
-                () = sleep_until_some(due) => continue,
-            };
+                () = sleep_until_some(due) => {}
+            }
         }
     }
 
@@ -271,8 +262,10 @@ impl Subscription for RedisSubscription {
         }
     }
 
-    /// An ack or a drop joins the acknowledgements gathered, unless it fills the batch
-    /// (`settle` sends that); no outcome is forgotten at once.
+    /// An ack or a drop joins the acknowledgements gathered (the entry stays in the
+    /// stream either way, S2; they go out as one XACK before the next wait), unless it
+    /// fills the batch (`settle` sends that); no outcome is forgotten at once (another
+    /// consumer, or this one, claims it once idle).
     fn settle_now(
         &mut self,
         receipt: RedisReceipt,
@@ -292,20 +285,17 @@ impl Subscription for RedisSubscription {
     }
 
     async fn settle(&mut self, receipt: RedisReceipt, settle: Settle) -> Result<(), AckError> {
+        let receipt = match self.settle_now(receipt, settle) {
+            ControlFlow::Break(result) => return result,
+            ControlFlow::Continue(receipt) => receipt,
+        };
         let id = receipt.id;
         match settle {
-            // No outcome: another consumer (or this one) claims it once idle (S2).
-            Settle::Nothing => {
-                self.shared.known().remove(&id);
-                Ok(())
-            }
-            // The entry stays in the stream either way (S2).
+            Settle::Nothing => Ok(()),
+            // The one that fills the batch: the batch goes out now.
             Settle::Ack | Settle::Drop => {
-                // Sent with the others before `next` waits (one XACK for a batch).
                 self.acks.push(id);
-                if self.acks.len() >= ACKS_AT_ONCE {
-                    self.flush_acks().await;
-                }
+                self.flush_acks().await;
                 Ok(())
             }
             Settle::Redeliver => self.claim_again(receipt).await,

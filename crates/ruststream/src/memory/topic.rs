@@ -251,7 +251,11 @@ impl Subscription for MemorySubscription {
     }
 
     async fn settle(&mut self, tag: u64, settle: Settle) -> Result<(), AckError> {
-        self.settle_at_once(tag, settle)
+        match self.settle_now(tag, settle) {
+            ControlFlow::Break(result) => result,
+            // `settle_now` settles every verb at once.
+            ControlFlow::Continue(tag) => self.settle_at_once(tag, settle),
+        }
     }
 
     /// The queue's settlement waits for nothing. An ack or drop is removed with the next
