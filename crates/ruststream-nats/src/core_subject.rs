@@ -263,7 +263,7 @@ impl Subscription for CoreSubscription {
     type Receipt = ();
 
     fn link(&self) -> Option<LinkProbe> {
-        Some(crate::link(&self.client))
+        Some(crate::link::link(&self.client))
     }
 
     /// Messages the client dropped for this subscription since the start (slow consumer).

@@ -9,10 +9,7 @@
 //! holds that number for a ruststream Core subscription, and left to the events when
 //! several connections of the process hold it.
 
-use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use tracing::field::{Field, Visit};
 use tracing::{Event, Level, Metadata, Subscriber};
@@ -20,62 +17,10 @@ use tracing_subscriber::filter::{LevelFilter, filter_fn};
 use tracing_subscriber::layer::{Context, Layer};
 use tracing_subscriber::registry::LookupSpan;
 
-use crate::drops::SlowConsumers;
+use crate::drops::{log_counts, sole_holder};
 
 /// The line async-nats logs once per message it drops, before the subscription's number.
 const DROP_LINE: &str = "slow consumer detected for subscription ";
-
-/// Set once a layer is part of a subscriber: from then on, drops it can attribute are
-/// counted from the log, not from the events.
-static INSTALLED: AtomicBool = AtomicBool::new(false);
-
-/// Each subscription number held by a Core subscription, with the connections holding it.
-static HOLDERS: Mutex<Option<HashMap<u64, Vec<Weak<SlowConsumers>>>>> = Mutex::new(None);
-
-fn with_holders<T>(f: impl FnOnce(&mut HashMap<u64, Vec<Weak<SlowConsumers>>>) -> T) -> T {
-    let mut holders = HOLDERS.lock().unwrap_or_else(PoisonError::into_inner);
-    f(holders.get_or_insert_with(HashMap::new))
-}
-
-/// `connection` opened a Core subscription numbered `sid`.
-pub(crate) fn hold(sid: u64, connection: &Arc<SlowConsumers>) {
-    with_holders(|holders| {
-        let list = holders.entry(sid).or_default();
-        list.retain(|held| held.strong_count() > 0);
-        list.push(Arc::downgrade(connection));
-    });
-}
-
-/// `connection` closed its subscription numbered `sid`.
-pub(crate) fn release(sid: u64, connection: &Arc<SlowConsumers>) {
-    with_holders(|holders| {
-        if let Some(list) = holders.get_mut(&sid) {
-            list.retain(|held| {
-                held.strong_count() > 0 && !held.ptr_eq(&Arc::downgrade(connection))
-            });
-            if list.is_empty() {
-                holders.remove(&sid);
-            }
-        }
-    });
-}
-
-/// The one connection holding `sid` when a layer is installed, else `None` (the drop is
-/// then counted from the client's event).
-fn sole_holder(sid: u64) -> Option<Arc<SlowConsumers>> {
-    if !INSTALLED.load(Ordering::Relaxed) {
-        return None;
-    }
-    with_holders(|holders| match holders.get(&sid).map(Vec::as_slice) {
-        Some([one]) => one.upgrade(),
-        _ => None,
-    })
-}
-
-/// Whether the log counts drops on `sid` for `connection` (so its event must not).
-pub(crate) fn counted_by_log(sid: u64, connection: &SlowConsumers) -> bool {
-    sole_holder(sid).is_some_and(|holder| std::ptr::eq(Arc::as_ptr(&holder), connection))
-}
 
 /// A `tracing` layer that makes [`Nats::slow_consumer_drops`](crate::Nats::slow_consumer_drops)
 /// and the `ruststream_drops_total{kind="slow_consumer_dropped"}` series exact: without
@@ -114,7 +59,7 @@ struct DropLog;
 
 impl<S: Subscriber> Layer<S> for DropLog {
     fn on_layer(&mut self, _subscriber: &mut S) {
-        INSTALLED.store(true, Ordering::Relaxed);
+        log_counts();
     }
 
     fn on_event(&self, event: &Event<'_>, _ctx: Context<'_, S>) {

@@ -2,11 +2,9 @@
 //! consumer), counted per subject from the client's events (SPEC G7).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
-
-use crate::drop_log;
 
 /// At most one slow-consumer warning per this interval.
 const WARN_EVERY: Duration = Duration::from_secs(10);
@@ -34,12 +32,12 @@ impl SlowConsumers {
     /// Names subscription `sid` after `subject` in warnings and counts.
     pub(crate) fn register(self: &Arc<Self>, sid: u64, subject: &str) {
         self.book().subjects.insert(sid, Arc::from(subject));
-        drop_log::hold(sid, self);
+        hold(sid, self);
     }
 
     pub(crate) fn unregister(self: &Arc<Self>, sid: u64) {
         self.book().subjects.remove(&sid);
-        drop_log::release(sid, self);
+        release(sid, self);
     }
 
     /// One message dropped on subscription `sid`.
@@ -52,9 +50,9 @@ impl SlowConsumers {
     }
 
     /// The client's event for a drop on `sid`: counted unless the log counts it
-    /// ([`drop_log`]), and warned about at most once per [`WARN_EVERY`].
+    /// (`drop_log`), and warned about at most once per [`WARN_EVERY`].
     pub(crate) fn record(&self, sid: u64) {
-        if !drop_log::counted_by_log(sid, self) {
+        if !counted_by_log(sid, self) {
             self.count(sid);
         }
         let mut book = self.book();
@@ -86,6 +84,66 @@ impl SlowConsumers {
     pub(crate) fn on(&self, subject: &str) -> u64 {
         self.book().counts.get(subject).copied().unwrap_or(0)
     }
+}
+
+// Which connection holds a subscription number, for the drops read from the log
+// (`drop_log`): the log names the number only.
+
+/// Set once `slow_consumer_layer` is part of a subscriber: from then on, drops it can
+/// attribute are counted from the log, not from the events.
+static LOG_COUNTS: AtomicBool = AtomicBool::new(false);
+
+/// Each subscription number held by a Core subscription, with the connections holding it.
+static HOLDERS: Mutex<Option<HashMap<u64, Vec<Weak<SlowConsumers>>>>> = Mutex::new(None);
+
+fn with_holders<T>(f: impl FnOnce(&mut HashMap<u64, Vec<Weak<SlowConsumers>>>) -> T) -> T {
+    let mut holders = HOLDERS.lock().unwrap_or_else(PoisonError::into_inner);
+    f(holders.get_or_insert_with(HashMap::new))
+}
+
+/// `connection` opened a Core subscription numbered `sid`.
+fn hold(sid: u64, connection: &Arc<SlowConsumers>) {
+    with_holders(|holders| {
+        let list = holders.entry(sid).or_default();
+        list.retain(|held| held.strong_count() > 0);
+        list.push(Arc::downgrade(connection));
+    });
+}
+
+/// `connection` closed its subscription numbered `sid`.
+fn release(sid: u64, connection: &Arc<SlowConsumers>) {
+    with_holders(|holders| {
+        if let Some(list) = holders.get_mut(&sid) {
+            list.retain(|held| {
+                held.strong_count() > 0 && !held.ptr_eq(&Arc::downgrade(connection))
+            });
+            if list.is_empty() {
+                holders.remove(&sid);
+            }
+        }
+    });
+}
+
+/// The one connection holding `sid` when a layer is installed, else `None` (the drop is
+/// then counted from the client's event).
+pub(crate) fn sole_holder(sid: u64) -> Option<Arc<SlowConsumers>> {
+    if !LOG_COUNTS.load(Ordering::Relaxed) {
+        return None;
+    }
+    with_holders(|holders| match holders.get(&sid).map(Vec::as_slice) {
+        Some([one]) => one.upgrade(),
+        _ => None,
+    })
+}
+
+/// Whether the log counts drops on `sid` for `connection` (so its event must not).
+fn counted_by_log(sid: u64, connection: &SlowConsumers) -> bool {
+    sole_holder(sid).is_some_and(|holder| std::ptr::eq(Arc::as_ptr(&holder), connection))
+}
+
+/// The log counts drops from now on (`slow_consumer_layer` was installed).
+pub(crate) fn log_counts() {
+    LOG_COUNTS.store(true, Ordering::Relaxed);
 }
 
 /// The id async-nats gave `subscriber`. The client keeps it private; its `Debug` output

@@ -515,7 +515,7 @@ impl Subscription for JetStreamSubscription {
     type Receipt = Receipt;
 
     fn link(&self) -> Option<LinkProbe> {
-        Some(crate::link(&self.client))
+        Some(crate::link::link(&self.client))
     }
 
     /// The consumer's `num_pending` and `num_ack_pending`, from a consumer info request.

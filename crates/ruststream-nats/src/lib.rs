@@ -95,6 +95,7 @@ mod drops;
 mod headers;
 mod jetstream;
 mod keepalive;
+mod link;
 mod publish;
 mod subject;
 
@@ -349,12 +350,6 @@ impl Nats {
     pub fn publish_handle(&self) -> Arc<dyn Publish> {
         Arc::new(self.publisher())
     }
-}
-
-/// Up while the client is connected (it reconnects by itself after a loss).
-fn link(client: &async_nats::Client) -> ruststream_core::LinkProbe {
-    let client = client.clone();
-    Arc::new(move || client.connection_state() == async_nats::connection::State::Connected)
 }
 
 /// Credentials found in a server URL's user-info.

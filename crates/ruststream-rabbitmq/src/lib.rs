@@ -55,6 +55,7 @@ mod descriptor;
 mod link;
 mod probe;
 mod publish;
+mod queue;
 mod requeue;
 pub mod subscription;
 mod version;
@@ -62,11 +63,12 @@ mod version;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use descriptor::{DEFAULT_PREFETCH, QueueKind, RabbitQueue};
+pub use descriptor::{DEFAULT_PREFETCH, RabbitQueue};
 pub use lapin;
 pub use lapin::ExchangeKind;
 use link::Link;
 pub use publish::RabbitPublisher;
+pub use queue::QueueKind;
 use ruststream_core::Cause;
 
 /// How long [`RabbitMq::connect`] waits for the broker (SPEC G7).
@@ -160,7 +162,7 @@ impl RabbitMq {
             .connected()
             .await
             .map_err(|e| ruststream_core::SubscribeError::new(queue, e))?;
-        descriptor::declare(&connection, queue, kind, true, None).await
+        queue::declare(&connection, queue, kind, true, None).await
     }
 
     /// Publishes to a queue by name, with publisher confirms.

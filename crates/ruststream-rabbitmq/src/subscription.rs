@@ -330,7 +330,7 @@ impl Subscription for RabbitSubscription {
             let (link, queue) = (Arc::clone(&link), Arc::clone(&queue));
             Box::pin(async move {
                 let connection = link.connected().await.map_err(|e| e.to_string())?;
-                let state = crate::descriptor::looked_up(&connection, &queue)
+                let state = crate::queue::looked_up(&connection, &queue)
                     .await
                     .map_err(|e| e.to_string())?;
                 Ok(vec![ruststream_core::Backlog {

@@ -1,7 +1,8 @@
 //! The Redis Streams descriptor: a stream, a consumer group, where a new group starts, the
 //! claim timeout and how much is read ahead.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ruststream_core::{
@@ -9,7 +10,10 @@ use ruststream_core::{
     Verb,
 };
 
+use tokio::sync::mpsc;
+
 use crate::Redis;
+use crate::reader::{Reader, Shared, create_group};
 use crate::subscription::RedisSubscription;
 
 pub use ruststream_core::StartAt;
@@ -180,8 +184,49 @@ impl Descriptor for RedisStream {
         Arc::new(self.redis.publisher())
     }
 
+    /// Creates the group when missing (where `start_at` says), removes consumers that
+    /// left, and starts the reader task.
     async fn open(self, declaration: &Declaration) -> Result<RedisSubscription, SubscribeError> {
-        RedisSubscription::open(self, declaration).await
+        let stream = self.stream.as_str();
+        let mut commands = self.redis.connection();
+        let start = group_start(self.start);
+        create_group(&mut commands, stream, &self.group, &start)
+            .await
+            .map_err(|e| {
+                let what = format!("creating consumer group `{}`: {e}", self.group);
+                SubscribeError::new(stream, what)
+            })?;
+        let reader = self
+            .redis
+            .reader()
+            .await
+            .map_err(|e| SubscribeError::new(stream, e))?;
+        crate::consumers::remove_departed(&mut commands, stream, &self.group).await;
+        let (consumer, named_here) = self.consumer_name();
+        let shared = Arc::new(Shared {
+            stream: Arc::from(stream),
+            group: self.group.clone(),
+            consumer,
+            named_here,
+            claim_timeout: self.claim_timeout,
+            batch: self.batch,
+            start,
+            known: Mutex::default(),
+            up: AtomicBool::new(true),
+            closing: AtomicBool::new(false),
+            reader_id: AtomicI64::new(0),
+        });
+        let (tx, rx) = mpsc::channel(self.batch);
+        let reading = Reader::new(Arc::clone(&shared), reader, commands.clone(), tx).run();
+        let reading = tokio::spawn(reading);
+        let dead_letter = declaration.dead_letter.clone();
+        Ok(RedisSubscription::new(
+            shared,
+            commands,
+            rx,
+            reading,
+            dead_letter,
+        ))
     }
 }
 

@@ -9,21 +9,20 @@
 
 use std::collections::VecDeque;
 use std::ops::ControlFlow;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::task::Poll;
 use std::time::Duration;
 
 use redis::aio::ConnectionManager;
 use ruststream_core::{
-    AckError, Attempt, Declaration, Delivery, Held, Metadata, Settle, SubscribeError, Subscription,
+    AckError, Attempt, Delivery, Held, Metadata, Settle, SubscribeError, Subscription,
 };
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::descriptor::{RedisStream, group_start};
 use crate::entry::{Entry, EntryId, entries};
-use crate::reader::{LONGEST_BLOCK, Reader, Shared, create_group};
+use crate::reader::{LONGEST_BLOCK, Shared};
 
 /// What settles one entry: its id and the attempt it was delivered as.
 #[derive(Debug, Clone, Copy)]
@@ -62,53 +61,25 @@ impl std::fmt::Debug for RedisSubscription {
 }
 
 impl RedisSubscription {
-    pub(crate) async fn open(
-        descriptor: RedisStream,
-        declaration: &Declaration,
-    ) -> Result<Self, SubscribeError> {
-        let stream = descriptor.stream.as_str();
-        let mut commands = descriptor.redis.connection();
-        let start = group_start(descriptor.start);
-        create_group(&mut commands, stream, &descriptor.group, &start)
-            .await
-            .map_err(|e| {
-                SubscribeError::new(
-                    stream,
-                    format!("creating consumer group `{}`: {e}", descriptor.group),
-                )
-            })?;
-        let reader = descriptor
-            .redis
-            .reader()
-            .await
-            .map_err(|e| SubscribeError::new(stream, e))?;
-        crate::consumers::remove_departed(&mut commands, stream, &descriptor.group).await;
-        let (consumer, named_here) = descriptor.consumer_name();
-        let shared = Arc::new(Shared {
-            stream: Arc::from(stream),
-            group: descriptor.group.clone(),
-            consumer,
-            named_here,
-            claim_timeout: descriptor.claim_timeout,
-            batch: descriptor.batch,
-            start,
-            known: Mutex::default(),
-            up: AtomicBool::new(true),
-            closing: AtomicBool::new(false),
-            reader_id: AtomicI64::new(0),
-        });
-        let (tx, rx) = mpsc::channel(descriptor.batch);
-        let reading = Reader::new(Arc::clone(&shared), reader, commands.clone(), tx).run();
-        Ok(Self {
+    /// The subscription over a group whose reader task runs already: `rx` is what it
+    /// reads, `reader` the task.
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        commands: ConnectionManager,
+        rx: mpsc::Receiver<Result<Entry, SubscribeError>>,
+        reader: tokio::task::JoinHandle<()>,
+        dead_letter: Option<Arc<str>>,
+    ) -> Self {
+        Self {
             shared,
             commands,
             rx,
             ready: VecDeque::new(),
             acks: Vec::new(),
             held: Held::new(),
-            reader: tokio::spawn(reading),
-            dead_letter: declaration.dead_letter.clone(),
-        })
+            reader,
+            dead_letter,
+        }
     }
 
     fn delivery(&self, entry: Entry, slot: &mut Delivery) -> RedisReceipt {
