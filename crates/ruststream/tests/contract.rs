@@ -109,7 +109,7 @@ async fn a_forged_retry_count_never_crashes_and_is_counted_sanely() {
             .max_attempts(3)
             .dead_letter("orders.dead"),
     );
-    let test = TestApp::start(app, &broker).await.unwrap();
+    let test = TestApp::recording(app, &broker).await.unwrap();
     for forged in ["-1", "banana", "99999999999999999999"] {
         test.publisher()
             .to("orders")
@@ -167,7 +167,7 @@ async fn layers_wrap_the_handler_and_trace_layer_passes_outcomes_through() {
             .layer(TraceLayer)
             .layer(count.clone()),
     );
-    let test = TestApp::start(app, &broker).await.unwrap();
+    let test = TestApp::recording(app, &broker).await.unwrap();
     for _ in 0..5 {
         test.publisher().to("orders").send_bytes("x").await.unwrap();
     }

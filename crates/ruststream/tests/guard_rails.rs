@@ -49,7 +49,7 @@ async fn g2_an_uncapped_panic_loop_is_logged_at_attempts_1_10_100_not_every_time
     capture_logs();
     let broker = MemoryBroker::recording();
     let app = App::new().register(on(broker.topic("loops"), panics_always).name("loops"));
-    let test = TestApp::start(app, &broker).await.unwrap();
+    let test = TestApp::recording(app, &broker).await.unwrap();
     test.publish("loops", &1u32).await;
     let deadline = Instant::now() + Duration::from_secs(30);
     while test.calls().len() < 150 {
@@ -100,7 +100,7 @@ async fn g1_a_timed_out_attempt_counts_toward_the_cap_and_dead_letters() {
                 .max_attempts(2)
                 .dead_letter("slow.dead"),
         );
-    let test = TestApp::start(app, &broker).await.unwrap();
+    let test = TestApp::recording(app, &broker).await.unwrap();
     test.publish("slow", &1u32).await;
     test.settled().await;
     let calls = test.calls();
@@ -142,7 +142,7 @@ async fn backoff_delays_retries(runtime_retries: bool) {
             .dead_letter("later.dead")
             .backoff(backoff),
     );
-    let test = TestApp::start(app, &broker).await.unwrap();
+    let test = TestApp::recording(app, &broker).await.unwrap();
     let started = Instant::now();
     test.publish("later", &1u32).await;
     test.settled().await;
@@ -185,7 +185,7 @@ async fn g5_parked_retry_afters_stop_fetching_at_max_in_flight() {
             .max_in_flight(100)
             .lanes(4),
     );
-    let test = TestApp::start(app, &broker).await.unwrap();
+    let test = TestApp::recording(app, &broker).await.unwrap();
     for n in 0..2_000u32 {
         test.publish("park", &n).await;
     }

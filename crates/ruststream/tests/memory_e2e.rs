@@ -40,7 +40,7 @@ fn order(id: u64) -> Order {
 async fn ack_is_handled_once_and_settled() {
     let broker = MemoryBroker::recording();
     let app = App::new().register(on(broker.topic("orders"), always_ack));
-    let test = TestApp::start(app, &broker).await.unwrap();
+    let test = TestApp::recording(app, &broker).await.unwrap();
     test.publish("orders", &order(1)).await;
     test.settled().await;
     let calls = test.calls();
@@ -68,7 +68,7 @@ async fn retry_three_times_then_dead_letter(runtime_retries: bool) {
             .max_attempts(3)
             .dead_letter("orders.dead"),
     );
-    let test = TestApp::start(app, &broker).await.unwrap();
+    let test = TestApp::recording(app, &broker).await.unwrap();
     test.publisher()
         .to("orders")
         .key("k1")
@@ -118,7 +118,7 @@ async fn k7_d4_copies_carry_the_retry_count_absent_one_two() {
             .max_attempts(3)
             .dead_letter("orders.dead"),
     );
-    let test = TestApp::start(app, &broker).await.unwrap();
+    let test = TestApp::recording(app, &broker).await.unwrap();
     test.publish("orders", &order(1)).await;
     test.settled().await;
     let seen: Vec<Option<String>> = test
@@ -149,7 +149,7 @@ async fn retry_after_waits(runtime_retries: bool) {
         topic
     };
     let app = App::new().register(on(topic, delayed_once));
-    let test = TestApp::start(app, &broker).await.unwrap();
+    let test = TestApp::recording(app, &broker).await.unwrap();
     test.publish("orders", &order(1)).await;
     test.settled().await;
     let calls = test.calls();
@@ -269,7 +269,7 @@ async fn e2_a_panicking_handler_is_a_failed_attempt_and_the_service_goes_on() {
     ruststream_test_support::capture_logs("info");
     let broker = MemoryBroker::recording();
     let app = App::new().register(on(broker.topic("orders"), panics_first).name("p"));
-    let test = TestApp::start(app, &broker).await.unwrap();
+    let test = TestApp::recording(app, &broker).await.unwrap();
     test.publish("orders", &order(1)).await;
     test.publish("orders", &order(2)).await;
     test.settled().await;
@@ -301,7 +301,7 @@ async fn an_err_handler_is_logged_with_its_causes_and_retried() {
     ruststream_test_support::capture_logs("info");
     let broker = MemoryBroker::recording();
     let app = App::new().register(on(broker.topic("orders"), errs_first));
-    let test = TestApp::start(app, &broker).await.unwrap();
+    let test = TestApp::recording(app, &broker).await.unwrap();
     test.publish("orders", &order(1)).await;
     test.settled().await;
     let calls = test.calls();
@@ -345,7 +345,7 @@ async fn e1_undecodable_payload_goes_to_the_dead_letter_unchanged() {
             .max_attempts(5)
             .dead_letter("orders.dead"),
     );
-    let test = TestApp::start(app, &broker).await.unwrap();
+    let test = TestApp::recording(app, &broker).await.unwrap();
     test.publisher()
         .to("orders")
         .header("h", "v")
@@ -375,7 +375,7 @@ async fn e1_undecodable_payload_without_dead_letter_is_dropped_not_redelivered()
     ruststream_test_support::capture_logs("info");
     let broker = MemoryBroker::recording();
     let app = App::new().register(on(broker.topic("orders"), counts_decoded));
-    let test = TestApp::start(app, &broker).await.unwrap();
+    let test = TestApp::recording(app, &broker).await.unwrap();
     test.publisher()
         .to("orders")
         .send_bytes(&b"\xff\xfe"[..])
@@ -416,7 +416,7 @@ async fn e1_failure_policy_retry_counts_attempts_to_the_dead_letter() {
             .dead_letter("orders.dead")
             .on_failure(FailurePolicy::Retry),
     );
-    let test = TestApp::start(app, &broker).await.unwrap();
+    let test = TestApp::recording(app, &broker).await.unwrap();
     test.publisher()
         .to("orders")
         .send_bytes(&b"[]"[..])
@@ -580,7 +580,7 @@ async fn e3_past_the_drain_timeout_unfinished_work_goes_back_to_the_broker() {
 async fn a_delayed_copy_held_at_stop_is_handed_back_not_lost() {
     let broker = MemoryBroker::recording();
     let app = App::new().register(on(broker.topic("orders").runtime_retries(), delayed_once));
-    let test = TestApp::start(app, &broker).await.unwrap();
+    let test = TestApp::recording(app, &broker).await.unwrap();
     test.publish("orders", &order(1)).await;
     while test.calls().is_empty() {
         tokio::time::sleep(Duration::from_millis(1)).await;
@@ -685,7 +685,7 @@ async fn groups_each_get_every_message_and_members_compete() {
         .register(on(broker.topic("orders").group("billing"), raw).name("billing-1"))
         .register(on(broker.topic("orders").group("billing"), raw).name("billing-2"))
         .register(on(broker.topic("orders").group("audit"), raw).name("audit"));
-    let test = TestApp::start(app, &broker).await.unwrap();
+    let test = TestApp::recording(app, &broker).await.unwrap();
     for i in 0..10 {
         test.publish("orders", &i).await;
     }
@@ -721,7 +721,7 @@ async fn extracts_panicking(_p: PanicsFirst) -> HandlerOutcome {
 async fn e2_a_panic_while_extracting_is_a_failed_attempt_too() {
     let broker = MemoryBroker::recording();
     let app = App::new().register(on(broker.topic("orders"), extracts_panicking));
-    let test = TestApp::start(app, &broker).await.unwrap();
+    let test = TestApp::recording(app, &broker).await.unwrap();
     test.publish("orders", &order(1)).await;
     test.settled().await;
     let calls = test.calls();
@@ -737,4 +737,23 @@ async fn e2_a_panic_while_extracting_is_a_failed_attempt_too() {
         Completion::Outcome(HandlerOutcome::ack())
     );
     test.stop().await;
+}
+
+/// `TestApp::start` is the production path: nothing observes its deliveries, so asking
+/// for the recorded calls says how to get them instead of returning an empty list.
+#[tokio::test(start_paused = true)]
+#[should_panic(expected = "TestApp::recording(app, &broker)")]
+async fn test_app_start_records_nothing_and_says_how_to_record() {
+    let broker = MemoryBroker::recording();
+    let app = App::new().register(on(broker.topic("plain"), |_: Message<u32>| async {
+        HandlerOutcome::ack()
+    }));
+    let test = TestApp::start(app, &broker).await.unwrap();
+    test.publish("plain", &1u32).await;
+    test.settled().await;
+    assert!(
+        broker.is_idle(),
+        "handled and settled on the production path"
+    );
+    let _ = test.calls();
 }

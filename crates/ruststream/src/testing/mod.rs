@@ -1,5 +1,8 @@
-//! A test harness: the production app on the memory broker, with every handler call,
-//! outcome, published message and dead letter recorded.
+//! A test harness: the production app on the memory broker. [`TestApp::start`] runs
+//! exactly the path a service ships; [`TestApp::recording`] also records every handler
+//! call with its outcome and plan (an observer on each delivery, which the production
+//! path does not have), for [`TestApp::calls`]. A [`MemoryBroker::recording`] broker
+//! records every published message and dead letter either way.
 //!
 //! Run tests with tokio's paused clock (`#[tokio::test(start_paused = true)]`): time then
 //! advances by itself whenever everything waits, so `retry_after` delays take no real
@@ -18,7 +21,7 @@
 //! let app = App::new().register(
 //!     on(broker.topic("n"), flaky).max_attempts(3).dead_letter("n.dead"),
 //! );
-//! let test = TestApp::start(app, &broker).await.unwrap();
+//! let test = TestApp::recording(app, &broker).await.unwrap();
 //! test.publisher().to("n").send(&0u32).await.unwrap();
 //! test.publisher().to("n").send(&1u32).await.unwrap();
 //! test.settled().await;
@@ -94,11 +97,12 @@ impl Observe for Recorder {
     }
 }
 
-/// A started app on a memory broker, recording what happens.
+/// A started app on a memory broker.
 pub struct TestApp {
     broker: MemoryBroker,
     running: Running,
-    recorder: Arc<Recorder>,
+    /// The handler calls, when started with [`TestApp::recording`].
+    recorder: Option<Arc<Recorder>>,
 }
 
 impl std::fmt::Debug for TestApp {
@@ -110,13 +114,33 @@ impl std::fmt::Debug for TestApp {
 }
 
 impl TestApp {
-    /// Starts `app` (whose registrations read from `broker`) with recording on. Use a
-    /// [`MemoryBroker::recording`] broker to also see every published message.
+    /// Starts `app` (whose registrations read from `broker`) as production runs it:
+    /// nothing observes its deliveries, so the path under test is the one a service
+    /// ships. [`TestApp::calls`] needs [`TestApp::recording`].
     pub async fn start(app: App, broker: &MemoryBroker) -> Result<Self, StartError> {
+        Self::start_with(app, broker, None).await
+    }
+
+    /// Starts `app` like [`TestApp::start`], and records every handler call (attempt,
+    /// payload, headers, how it ended, what the planner decided) for
+    /// [`TestApp::calls`]. Use a [`MemoryBroker::recording`] broker to also see every
+    /// published message.
+    pub async fn recording(app: App, broker: &MemoryBroker) -> Result<Self, StartError> {
         let recorder = Arc::new(Recorder::default());
         *recorder.started.lock().unwrap_or_else(|p| p.into_inner()) =
             Some(tokio::time::Instant::now());
-        let app = app.observe(Arc::clone(&recorder) as Arc<dyn Observe>);
+        Self::start_with(app, broker, Some(recorder)).await
+    }
+
+    async fn start_with(
+        app: App,
+        broker: &MemoryBroker,
+        recorder: Option<Arc<Recorder>>,
+    ) -> Result<Self, StartError> {
+        let app = match &recorder {
+            Some(recorder) => app.observe(Arc::clone(recorder) as Arc<dyn Observe>),
+            None => app,
+        };
         let running = app.start().await?;
         Ok(Self {
             broker: broker.clone(),
@@ -162,8 +186,19 @@ impl TestApp {
     }
 
     /// Every handler call so far, in order of completion.
+    ///
+    /// # Panics
+    ///
+    /// When the app was started with [`TestApp::start`], which records nothing: start it
+    /// with [`TestApp::recording`].
     pub fn calls(&self) -> Vec<Call> {
-        self.recorder
+        let Some(recorder) = &self.recorder else {
+            panic!(
+                "TestApp::calls needs the recording harness: start the app with \
+                 TestApp::recording(app, &broker) instead of TestApp::start"
+            );
+        };
+        recorder
             .calls
             .lock()
             .unwrap_or_else(|p| p.into_inner())
