@@ -88,7 +88,8 @@ enum NotNow {
     Failed(rdkafka::error::KafkaError),
 }
 
-/// The next record in the client's queue, if one is there now (no waiting).
+/// The next record in the client's queue, if one is there now (no waiting). That `recv`
+/// hands a queued record out in its first poll is pinned by `tests/client_assumptions.rs`.
 #[inline]
 fn record_now(consumer: &StreamConsumer<TrackingContext>) -> Result<Borrowed<'_>, NotNow> {
     let mut recv = pin!(consumer.recv());

@@ -286,7 +286,8 @@ impl Subscription for CoreSubscription {
         std::future::poll_fn(|cx| self.take(cx, slot)).await
     }
 
-    /// A message already in the client's buffer.
+    /// A message already in the client's buffer (handed out in one poll: pinned by
+    /// `tests/client_assumptions.rs`).
     fn next_now(&mut self, slot: &mut Delivery) -> Poll<Option<Result<(), SubscribeError>>> {
         // Nothing is left waiting on this context: when it finds nothing, `next_into`
         // polls again with the driver's own.

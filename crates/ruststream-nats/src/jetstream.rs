@@ -557,7 +557,8 @@ impl Subscription for JetStreamSubscription {
         poll_fn(|cx| self.take(cx, slot)).await
     }
 
-    /// A message already in the client's buffer.
+    /// A message already in the client's buffer (handed out in one poll: pinned by
+    /// `tests/client_assumptions.rs`).
     fn next_now(&mut self, slot: &mut Delivery) -> Poll<Option<Result<Receipt, SubscribeError>>> {
         // Nothing is left waiting on this context: when it finds nothing, `next_into`
         // polls again with the driver's own.
@@ -593,7 +594,8 @@ impl Subscription for JetStreamSubscription {
     }
 
     /// An acknowledgement (not a double one, which waits for the server's reply) put in
-    /// the client's queue at once when it has room: `acknowledge`, polled once here.
+    /// the client's queue at once when it has room: `acknowledge`, polled once here (a
+    /// publish with room completes in one poll: pinned by `tests/client_assumptions.rs`).
     fn settle_now(
         &mut self,
         receipt: Receipt,

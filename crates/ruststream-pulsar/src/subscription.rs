@@ -298,6 +298,7 @@ impl Subscription for PulsarSubscription {
 
     /// A message the client has at once, when nothing held waits for its delay (then
     /// `next_into` nacks what is due first) and the consumer is there.
+    /// A queued message is handed out in one poll: pinned by `tests/client_assumptions.rs`.
     fn next_now(
         &mut self,
         slot: &mut Delivery,
@@ -340,7 +341,7 @@ impl Subscription for PulsarSubscription {
     }
 
     /// An ack or a drop: the client's ack is a message on an unbounded channel to its
-    /// connection's task, sent in its first poll. (Were it ever to wait, the ack is
+    /// connection's task, sent in its first poll (pinned by `tests/client_assumptions.rs`). (Were it ever to wait, the ack is
     /// reported failed, and the broker delivers the message again: its id went with it.)
     fn settle_now(
         &mut self,

@@ -240,7 +240,8 @@ impl Subscription for RabbitSubscription {
     }
 
     /// A delivery the consumer has at once, when nothing held waits for its nack and the
-    /// channel's state is not due for a look (`next_into` does both first).
+    /// channel's state is not due for a look (`next_into` does both first). That lapin
+    /// hands a buffered delivery out in one poll is pinned by `tests/client_assumptions.rs`.
     fn next_now(
         &mut self,
         slot: &mut Delivery,
