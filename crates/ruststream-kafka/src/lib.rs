@@ -83,6 +83,7 @@ mod config;
 mod context;
 mod descriptor;
 mod eos;
+mod lag;
 mod publish;
 mod receipt;
 mod security;

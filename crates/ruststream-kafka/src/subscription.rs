@@ -14,7 +14,7 @@ use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::error::KafkaResult;
 use rdkafka::message::{BorrowedMessage, Headers as _, Message};
 use ruststream_core::{
-    AckError, AddressNames, Attempt, Backlog, BacklogProbe, Cause, Delivery, HeaderSource, Headers,
+    AckError, AddressNames, Attempt, BacklogProbe, Cause, Delivery, HeaderSource, Headers,
     LinkProbe, Metadata, Settle, SubscribeError, Subscription,
 };
 use yoke::Yoke;
@@ -408,33 +408,6 @@ impl KafkaSubscription {
     }
 }
 
-/// How far the group is behind on each partition assigned to `consumer` (blocking).
-fn lag(consumer: &StreamConsumer<TrackingContext>) -> Result<Vec<Backlog>, String> {
-    const ASK: Duration = Duration::from_secs(2);
-    let assignment = consumer.assignment().map_err(|e| e.to_string())?;
-    let committed = consumer
-        .committed_offsets(assignment, ASK)
-        .map_err(|e| e.to_string())?;
-    committed
-        .elements()
-        .iter()
-        .map(|element| {
-            let (low, high) = consumer
-                .fetch_watermarks(element.topic(), element.partition(), ASK)
-                .map_err(|e| e.to_string())?;
-            let from = match element.offset() {
-                rdkafka::Offset::Offset(offset) => offset,
-                _ => low,
-            };
-            Ok(Backlog {
-                kind: "pending",
-                partition: Some(element.partition()),
-                value: u64::try_from(high.saturating_sub(from)).unwrap_or(0),
-            })
-        })
-        .collect()
-}
-
 impl Subscription for KafkaSubscription {
     type Receipt = KafkaReceipt;
 
@@ -445,7 +418,7 @@ impl Subscription for KafkaSubscription {
         Some(Arc::new(move || {
             let consumer = Arc::clone(&consumer);
             Box::pin(async move {
-                tokio::task::spawn_blocking(move || lag(&consumer))
+                tokio::task::spawn_blocking(move || crate::lag::lag(&consumer))
                     .await
                     .map_err(|e| e.to_string())?
             })
