@@ -29,6 +29,9 @@
 //! assert_eq!(at_cap.settle, Settle::Nothing);
 //! ```
 
+// No function over 80 lines of code (clippy.toml), in library code (ARCHITECTURE.md).
+#![deny(clippy::too_many_lines)]
+
 mod capabilities;
 mod declaration;
 mod delivery;

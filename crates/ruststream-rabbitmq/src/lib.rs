@@ -51,6 +51,9 @@
 //! # Ok(()) }
 //! ```
 
+// No function over 80 lines of code (clippy.toml), in library code (ARCHITECTURE.md).
+#![deny(clippy::too_many_lines)]
+
 mod descriptor;
 mod link;
 mod probe;

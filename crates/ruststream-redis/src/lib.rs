@@ -43,6 +43,9 @@
 //! # Ok(()) }
 //! ```
 
+// No function over 80 lines of code (clippy.toml), in library code (ARCHITECTURE.md).
+#![deny(clippy::too_many_lines)]
+
 mod consumers;
 mod descriptor;
 mod entry;

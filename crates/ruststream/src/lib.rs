@@ -68,6 +68,9 @@
 //!   registration reads itself, addresses that break the broker's naming rules and
 //!   `lanes(n)` above [`MAX_LANES`] refuse to start.
 
+// No function over 80 lines of code (clippy.toml), in library code (ARCHITECTURE.md).
+#![deny(clippy::too_many_lines)]
+
 mod app;
 mod backoff;
 pub mod codec;
