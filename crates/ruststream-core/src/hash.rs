@@ -2,7 +2,7 @@
 //! ids), for the runtime's and transports' own maps: SipHash's protection against chosen
 //! keys is not needed for keys a broker or ruststream numbers.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
 /// Multiplies by a large odd constant (Fibonacci hashing): sequential integers land in
@@ -40,5 +40,3 @@ impl Hasher for SpreadHasher {
 
 /// A `HashMap` with [`SpreadHasher`].
 pub type SpreadMap<K, V> = HashMap<K, V, BuildHasherDefault<SpreadHasher>>;
-/// A `HashSet` with [`SpreadHasher`].
-pub type SpreadSet<K> = HashSet<K, BuildHasherDefault<SpreadHasher>>;

@@ -63,4 +63,4 @@ pub use plan::{CopyTarget, Plan, PlannedCopy, Settle, Verdict, may_copy, plan};
 pub use publish::{BoxFuture, Extras, Outgoing, Publish};
 pub use secret::{Secret, redact_url, split_userinfo};
 pub use start::StartAt;
-pub use wait::{ATTEMPT_EVERY, wait_for_broker};
+pub use wait::wait_for_broker;

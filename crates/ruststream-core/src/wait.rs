@@ -4,12 +4,12 @@ use std::fmt::Display;
 use std::time::{Duration, Instant};
 
 /// The pace of attempts while waiting: one at most every second.
-pub const ATTEMPT_EVERY: Duration = Duration::from_secs(1);
+const ATTEMPT_EVERY: Duration = Duration::from_secs(1);
 
 /// Tries `attempt` until it succeeds or fails for good, for a transport's opt-in "wait
 /// for the broker" start (SPEC G7). While the broker does not answer it logs one WARN per
 /// `warn_every` naming the broker and address, the time waited and the last error (DEBUG
-/// for the attempts in between), and tries again at most once per [`ATTEMPT_EVERY`];
+/// for the attempts in between), and tries again at most once a second;
 /// once through, an INFO says how long it took.
 ///
 /// `lasting` says which errors are worth waiting out (an unreachable address is; bad

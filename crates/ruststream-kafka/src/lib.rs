@@ -108,7 +108,7 @@ pub use rdkafka;
 pub use rdkafka::Offset;
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::FutureProducer;
-pub use ruststream_core::StartAt;
+
 pub use security::{BearerToken, OAuthBearer, Sasl, Security, Tls};
 
 /// A Kafka cluster: its address, settings shared by every client, and one producer.

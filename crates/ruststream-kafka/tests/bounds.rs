@@ -9,8 +9,9 @@ use common::{
     Script, assert_waited, brokers, create_topic, eventually, forward_later, handler, kafka,
     produce, topic, unique,
 };
+use ruststream::StartAt;
 use ruststream::{App, HandlerOutcome, Headers, StartError, on};
-use ruststream_kafka::{Commit, Kafka, StartAt};
+use ruststream_kafka::{Commit, Kafka};
 
 /// Resident memory of this process, from /proc.
 fn rss_mb() -> f64 {

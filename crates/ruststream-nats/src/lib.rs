@@ -120,7 +120,6 @@ pub use jetstream::{
 };
 pub use publish::{MessageId, NatsPublisher, RequestError, Stored};
 use ruststream_core::Publish;
-pub use ruststream_core::StartAt;
 
 /// One NATS connection: descriptors and publishers share it.
 #[derive(Clone, Debug)]

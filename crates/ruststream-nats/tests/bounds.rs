@@ -10,8 +10,9 @@ use bytes::Bytes;
 use common::{
     Script, assert_waited, create_stream, eventually, forward_later, handler, logs, nats, unique,
 };
+use ruststream::StartAt;
 use ruststream::{App, HandlerOutcome, Headers, on};
-use ruststream_nats::{Nats, StartAt};
+use ruststream_nats::Nats;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn g7_connecting_to_a_closed_port_fails_at_once_naming_the_address() {

@@ -92,7 +92,7 @@ pub use descriptor::PulsarTopic;
 pub use publish::PulsarPublisher;
 pub use pulsar;
 pub use pulsar::message::proto::command_subscribe::SubType;
-pub use ruststream_core::StartAt;
+
 pub use security::Security;
 
 use ruststream_core::Cause;

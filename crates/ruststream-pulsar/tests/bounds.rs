@@ -6,8 +6,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{Script, assert_waited, eventually, handler, pulsar, relay, unique};
+use ruststream::StartAt;
 use ruststream::{App, HandlerOutcome, Headers, on};
-use ruststream_pulsar::{Pulsar, StartAt};
+use ruststream_pulsar::Pulsar;
 
 async fn send(pulsar: &Pulsar, topic: &str, payload: &str) {
     pulsar

@@ -16,7 +16,7 @@ use crate::Redis;
 use crate::reader::{Reader, Shared, create_group};
 use crate::subscription::RedisSubscription;
 
-pub use ruststream_core::StartAt;
+use ruststream_core::StartAt;
 
 /// The id a group created at `start` begins after (`XGROUP CREATE`): `0` (every entry),
 /// `$` (only new ones), or for a time the last id before it, since an entry id is the

@@ -56,7 +56,7 @@ pub mod subscription;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use descriptor::{DEFAULT_BATCH, DEFAULT_CLAIM_TIMEOUT, RedisStream, StartAt};
+pub use descriptor::{DEFAULT_BATCH, DEFAULT_CLAIM_TIMEOUT, RedisStream};
 pub use publish::{PAYLOAD_FIELD, RedisPublisher};
 pub use redis;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};

@@ -711,7 +711,7 @@ async fn s1_consumers_named_here_leave_the_group_once_they_hold_nothing() {
 /// added after it; the default reads every entry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn g8_a_new_group_starts_at_the_earliest_entry_a_time_or_the_latest() {
-    use ruststream_redis::StartAt;
+    use ruststream::StartAt;
     let redis = redis().await;
     let key = stream("g8-start");
     let send = |payload: &'static str| {

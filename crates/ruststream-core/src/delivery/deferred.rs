@@ -6,6 +6,8 @@ use std::sync::OnceLock;
 
 use bytes::Bytes;
 
+#[cfg(doc)]
+use super::Delivery;
 use super::{Attempt, Metadata};
 use crate::headers::Headers;
 
