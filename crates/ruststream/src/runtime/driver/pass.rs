@@ -134,6 +134,8 @@ where
     St: Fn(Box<Incoming>) -> F,
     Fetch: Future<Output = Event<R>>,
 {
+    // The straight line (`running` is `None`) never waits here: it leaves for a full pass.
+    let full_pass = running.is_some();
     if let Some((set, timers)) = running {
         if let Poll::Ready(done) = set.poll_finished(cx) {
             return Poll::Ready(Event::Finished(done));
@@ -164,7 +166,7 @@ where
         return Poll::Ready(event);
     }
     // Nothing to do: wait, and make sure a stop wakes this task.
-    if stop.poll_stopped(cx) {
+    if full_pass && stop.poll_stopped(cx) {
         return Poll::Ready(Event::Stop);
     }
     Poll::Pending
