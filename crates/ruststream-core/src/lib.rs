@@ -6,6 +6,22 @@
 //! alone, what each [`HandlerOutcome`] becomes. The runtime lives in the `ruststream`
 //! crate; nothing here knows a broker or an async runtime.
 //!
+//! # Who uses what, and how stable it is
+//!
+//! - **Service authors** meet [`HandlerOutcome`], [`Delivery`]'s readers (payload,
+//!   headers, key, address, metadata, attempt), [`Headers`], [`StartAt`], [`Env`] and the
+//!   error types, all re-exported by `ruststream`. These follow the workspace's version:
+//!   a change that breaks them is a new minor version while it is 0.x, and says so in
+//!   the release notes.
+//! - **Transport authors** also implement [`Descriptor`], [`Subscription`] and
+//!   [`Publish`], fill deliveries with [`Delivery`]'s `refill` and `set_*` methods and the
+//!   lazy [`HeaderSource`]/[`PositionSource`], and declare [`Capabilities`]. This contract
+//!   moves with the runtime's performance work (the immediate forms `next_now` and
+//!   `settle_now` came that way): run the conformance suite (`ruststream`, feature
+//!   `conformance`) against a transport after every upgrade.
+//! - [`plan()`] and its types are the settlement rules of `docs/spec.md`; their tests are
+//!   the spec's.
+//!
 //! ```
 //! use std::sync::Arc;
 //! use std::time::Duration;
