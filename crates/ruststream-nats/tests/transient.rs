@@ -43,6 +43,23 @@ async fn stored(nats: &Nats, stream: &str) -> u64 {
         .messages
 }
 
+/// Waits up to `limit` for the dead letter, stops the app a second later, and checks
+/// that exactly one was stored.
+async fn landed_once(nats: &Nats, base: &str, app: ruststream::Running, limit: Duration) {
+    let dead_stream = format!("{base}_DEAD");
+    let deadline = tokio::time::Instant::now() + limit;
+    while stored(nats, &dead_stream).await == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the dead letter never landed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    app.stop().await;
+    assert_eq!(stored(nats, &dead_stream).await, 1, "stored once");
+}
+
 fn tries_logged(dead: &str) -> usize {
     logs()
         .lines()
@@ -101,18 +118,7 @@ async fn g3_a_dead_letter_without_an_answer_is_tried_again_and_lands_once() {
     });
     let app = start(&service, &base, &subject, &dead, &script).await;
     publish(&nats, &subject).await;
-    let dead_stream = format!("{base}_DEAD");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while stored(&nats, &dead_stream).await == 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the dead letter never landed"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    app.stop().await;
-    assert_eq!(stored(&nats, &dead_stream).await, 1, "stored once");
+    landed_once(&nats, &base, app, Duration::from_secs(30)).await;
     assert_eq!(
         script.count(),
         1,
@@ -158,18 +164,7 @@ async fn g3_four_unanswered_tries_count_as_a_refusal_and_the_original_comes_back
     // The delayed NAK went into the relay too: the stream gives the original back after
     // its ack_wait (10 s) instead.
     relay.heal();
-    let dead_stream = format!("{base}_DEAD");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while stored(&nats, &dead_stream).await == 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the dead letter never landed"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    app.stop().await;
-    assert_eq!(stored(&nats, &dead_stream).await, 1, "stored once");
+    landed_once(&nats, &base, app, Duration::from_secs(60)).await;
     assert_eq!(
         script.count(),
         1,
