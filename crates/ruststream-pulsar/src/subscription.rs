@@ -204,34 +204,25 @@ impl PulsarSubscription {
     /// settlement fails at once (the broker delivers the message again) rather than
     /// waiting for a new subscription, which only `next` makes, where a stop can cut it.
     /// The fetch, for both `next_into` (the driver's context) and `next_now` (a context
-    /// that wakes no one): the next message the consumer has, written into `slot`;
-    /// `None` when there is no consumer or its stream ended (it is then dropped, and
-    /// `next_into` subscribes again).
+    /// that wakes no one): one message from the consumer, written into `slot` when it
+    /// is a delivery. A message held again for the rest of its delay is
+    /// [`Taken::Held`]: the caller looks at the held deliveries' timers before going on.
     #[inline(always)]
-    fn take(
-        &mut self,
-        cx: &mut Context<'_>,
-        slot: &mut Delivery,
-    ) -> Poll<Option<Result<PulsarReceipt, SubscribeError>>> {
-        loop {
-            let Some(consumer) = self.consumer.as_mut() else {
-                return Poll::Ready(None);
-            };
-            match std::task::ready!(consumer.poll_next_unpin(cx)) {
-                Some(Ok(message)) => {
-                    if let Some(receipt) = self.arrived(message, slot) {
-                        return Poll::Ready(Some(Ok(receipt)));
-                    }
-                }
-                Some(Err(e)) => {
-                    return Poll::Ready(Some(Err(SubscribeError::new(&*self.address, e))));
-                }
-                None => {
-                    self.lost_consumer();
-                    return Poll::Ready(None);
-                }
+    fn take(&mut self, cx: &mut Context<'_>, slot: &mut Delivery) -> Poll<Taken> {
+        let Some(consumer) = self.consumer.as_mut() else {
+            return Poll::Ready(Taken::Lost);
+        };
+        Poll::Ready(match std::task::ready!(consumer.poll_next_unpin(cx)) {
+            Some(Ok(message)) => match self.arrived(message, slot) {
+                Some(receipt) => Taken::Delivery(Ok(receipt)),
+                None => Taken::Held,
+            },
+            Some(Err(e)) => Taken::Delivery(Err(SubscribeError::new(&*self.address, e))),
+            None => {
+                self.lost_consumer();
+                Taken::Lost
             }
-        }
+        })
     }
 
     fn current(&mut self) -> Result<&mut Consumer<Vec<u8>, TokioExecutor>, AckError> {
@@ -256,6 +247,16 @@ impl PulsarSubscription {
             .await
             .map_err(AckError::failed)
     }
+}
+
+/// What one message from the consumer came to.
+enum Taken {
+    /// A delivery written into the slot, or the consumer's error.
+    Delivery(Result<PulsarReceipt, SubscribeError>),
+    /// A message come back early, held again for the rest of its delay.
+    Held,
+    /// No consumer, or its stream ended: subscribe again.
+    Lost,
 }
 
 impl Subscription for PulsarSubscription {
@@ -289,8 +290,9 @@ impl Subscription for PulsarSubscription {
                     _ => Poll::Pending,
                 }
             });
-            // `None`: a delay over, or the consumer lost (subscribed again above).
-            if let Some(Some(taken)) = taken.await {
+            // Otherwise a delay is over, a message was held again (its timer is looked
+            // at), or the consumer was lost (subscribed again above).
+            if let Some(Taken::Delivery(taken)) = taken.await {
                 return Some(taken);
             }
         }
@@ -303,16 +305,17 @@ impl Subscription for PulsarSubscription {
         &mut self,
         slot: &mut Delivery,
     ) -> Poll<Option<Result<PulsarReceipt, SubscribeError>>> {
-        if !self.held.is_empty() {
-            return Poll::Pending;
-        }
         // Nothing is left waiting on this context: when it finds nothing, `next_into`
         // polls again with the driver's own.
-        match self.take(&mut Context::from_waker(Waker::noop()), slot) {
-            Poll::Ready(Some(taken)) => Poll::Ready(Some(taken)),
-            // The consumer is gone: `next_into` subscribes again.
-            _ => Poll::Pending,
+        if self.held.is_empty()
+            && let Poll::Ready(Taken::Delivery(taken)) =
+                self.take(&mut Context::from_waker(Waker::noop()), slot)
+        {
+            return Poll::Ready(Some(taken));
         }
+        // Something held (`next_into` nacks what is due first), nothing at once, or the
+        // consumer gone (`next_into` subscribes again).
+        Poll::Pending
     }
 
     async fn settle(&mut self, receipt: PulsarReceipt, settle: Settle) -> Result<(), AckError> {
