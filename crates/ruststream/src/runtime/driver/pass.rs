@@ -119,8 +119,9 @@ where
 type Running<'a, R, F, St> = (&'a mut LaneSet<R, F, St>, &'a mut JoinSet<Done<R>>);
 
 /// The ladder: finished lanes, then timers (`running`: `None` when nothing runs and no
-/// timer is set), the stop signal, the budget and the fetch. The fetch lives as long as the pass waits (it holds the waker the broker wakes), and is
-/// dropped, like a `select!` branch, once something else comes first.
+/// timer is set), the stop signal, the budget and the fetch. The fetch lives as long as
+/// the pass waits (it holds the waker the broker wakes), and is dropped, like a
+/// `select!` branch, once something else comes first.
 #[inline(always)]
 fn poll_event<R, F, St, Fetch>(
     cx: &mut Context<'_>,
