@@ -11,22 +11,28 @@ use crate::{App, HandlerOutcome, on};
 use super::Bed;
 use super::support::*;
 
+/// A typed handler: decodes JSON, records each delivery it got, acks.
+fn decodes_json_into(
+    log: &Log,
+) -> impl Fn(crate::Message<serde_json::Value>, Delivery) -> std::future::Ready<HandlerOutcome>
++ Clone
++ Send
++ Sync
++ 'static {
+    let log = log.clone();
+    move |crate::Message(_value), d: Delivery| {
+        log.push(&d);
+        std::future::ready(HandlerOutcome::ack())
+    }
+}
+
 /// E1: a payload the handler's codec cannot decode never reaches the handler and goes to
 /// the dead letter unchanged.
 pub async fn e1_undecodable_is_dead_lettered(bed: impl Bed) {
     let address = bed.address().await;
     let dead = bed.address().await;
     let (decoded, letters) = (Log::default(), Log::default());
-    let typed = {
-        let decoded = decoded.clone();
-        move |crate::Message(_value): crate::Message<serde_json::Value>, d: Delivery| {
-            let decoded = decoded.clone();
-            async move {
-                decoded.push(&d);
-                HandlerOutcome::ack()
-            }
-        }
-    };
+    let typed = decodes_json_into(&decoded);
     let app = App::new()
         .register(
             on(bed.subscribe(&address, "suite"), typed)
@@ -78,16 +84,7 @@ pub async fn e1_undecodable_is_dead_lettered(bed: impl Bed) {
 pub async fn e1_undecodable_without_a_dead_letter_is_dropped_once(bed: impl Bed) {
     let address = bed.address().await;
     let decoded = Log::default();
-    let typed = {
-        let decoded = decoded.clone();
-        move |crate::Message(_value): crate::Message<serde_json::Value>, d: Delivery| {
-            let decoded = decoded.clone();
-            async move {
-                decoded.push(&d);
-                HandlerOutcome::ack()
-            }
-        }
-    };
+    let typed = decodes_json_into(&decoded);
     let app = App::new()
         .metrics()
         .register(on(bed.subscribe(&address, "suite"), typed).name("typed"))
