@@ -2,14 +2,14 @@
 //! asks for, and say what to settle.
 
 use std::future::{Future, poll_fn};
-use std::pin::pin;
+use std::pin::{Pin, pin};
 use std::task::Poll;
 
 use super::copy;
 use super::lanes::Finished;
 use super::mount::Handled;
 use super::shared::{DelayedCopy, Fate, Shared};
-use super::unwind::{CatchUnwind, Caught};
+use super::unwind::{CatchUnwind, Caught, Report};
 use crate::backoff::RERUN_FLOOR;
 use crate::extract::Incoming;
 use crate::middleware::Chain;
@@ -40,70 +40,111 @@ pub(crate) async fn handle<S: Service>(
             // A panic while extracting or while polling both count. The extraction runs
             // in the first poll, so one catch covers both (each catch costs thread-local
             // round trips).
-            let mut future = pin!(CatchUnwind(pin!(async {
+            let future = pin!(CatchUnwind(pin!(async {
                 shared.service.call(&incoming).await
             })));
-            // Most handlers finish in their first poll: no timer for them (the deadline
-            // then counts from the second poll, a negligible difference).
-            let first = poll_fn(|cx| Poll::Ready(future.as_mut().poll(cx))).await;
-            let result = match first {
-                Poll::Ready(result) => Ok(result),
-                // Dropping the timed-out future cancels the handler.
-                Poll::Pending => tokio::time::timeout(shared.deadline, future).await,
-            };
-            match result {
-                Ok(Ok(completion)) => (completion, None),
-                Ok(Err(Caught { message, report })) => (Completion::Panicked(message), report),
-                Err(_) => (Completion::TimedOut(shared.deadline), None),
-            }
+            within_deadline(shared, future).await
         };
+        // The common case first: nothing to plan, report or publish.
         if let Some(settle) = settled_as_planned(shared, incoming.delivery(), &completion) {
             return (Fate::Settle(settle), Some(incoming));
         }
-        let plan = decide(shared, incoming.delivery(), &completion, report);
-        if let (Some(metrics), Some(called)) = (&shared.metrics, called) {
-            metrics.observe_since(called);
-            metrics.observe_age(incoming.delivery().metadata().timestamp_ms);
-            metrics.outcome(Outcome::of(&completion));
-        }
-        if let Some(observer) = &shared.observer {
-            observer.handled(&Handled {
-                registration: &shared.registration,
-                delivery: incoming.delivery(),
-                completion: &completion,
-                plan: &plan,
-            });
-        }
-        let settle = match plan.copy {
-            None => plan.settle,
-            Some(c) if c.delay.is_zero() => {
-                copy::deliver(shared, incoming.delivery(), c, plan.settle).await
+        match conclude(shared, incoming, completion, report, called).await {
+            Concluded::Finished(finished) => return finished,
+            Concluded::Rerun(again) => {
+                reruns += 1;
+                incoming = again;
+                if !rerun_after_floor(shared, reruns).await {
+                    // Stopping: left unsettled, the broker brings it back.
+                    return (Fate::HandedBack, Some(incoming));
+                }
+                incoming.count_attempt();
             }
-            Some(c) => {
-                // Kept for the delay: its headers read now, the client's record let go.
-                incoming.delivery_mut().own_deferred();
-                let delayed = Fate::Delayed(Box::new(DelayedCopy {
-                    incoming,
-                    copy: c,
-                    settle: plan.settle,
-                }));
-                return (delayed, None);
-            }
-        };
-        if settle == Settle::Redeliver && shared.capabilities.redeliver_in_place {
-            // The same record again, before anything this lane holds (K4); it stays
-            // unsettled meanwhile, so the position waits for it. A floor delay keeps a
-            // handler that always retries from spinning a core (G2).
-            reruns += 1;
-            if !copy::wait_unless_stopped(&shared.stop, RERUN_FLOOR.delay(reruns)).await {
-                // Stopping: left unsettled, the broker brings it back.
-                return (Fate::HandedBack, Some(incoming));
-            }
-            incoming.count_attempt();
-            continue;
         }
-        return (Fate::Settle(settle), Some(incoming));
     }
+}
+
+/// Polls a call caught for panics, within the registration's deadline: how it ended, and
+/// a panic's report. Most calls finish in their first poll: no timer for them (the
+/// deadline then counts from the second poll, a negligible difference).
+#[inline(always)]
+pub(crate) async fn within_deadline<S, F>(
+    shared: &Shared<S>,
+    mut future: Pin<&mut CatchUnwind<'_, F>>,
+) -> (Completion, Option<Box<Report>>)
+where
+    F: Future<Output = Completion>,
+{
+    let first = poll_fn(|cx| Poll::Ready(future.as_mut().poll(cx))).await;
+    let result = match first {
+        Poll::Ready(result) => Ok(result),
+        // Dropping the timed-out future cancels the handler.
+        Poll::Pending => tokio::time::timeout(shared.deadline, future).await,
+    };
+    match result {
+        Ok(Ok(completion)) => (completion, None),
+        Ok(Err(Caught { message, report })) => (Completion::Panicked(message), report),
+        Err(_) => (Completion::TimedOut(shared.deadline), None),
+    }
+}
+
+/// Waits the floor before an in-place rerun (G2); `false` when the app stops meanwhile.
+pub(crate) async fn rerun_after_floor<S>(shared: &Shared<S>, reruns: u32) -> bool {
+    copy::wait_unless_stopped(&shared.stop, RERUN_FLOOR.delay(reruns)).await
+}
+
+/// What a handled delivery came to: finished, or to be run again in place.
+pub(crate) enum Concluded {
+    Finished(Finished),
+    /// The same record again, before anything its lane holds (K4); it stays unsettled
+    /// meanwhile, so the position waits for it. The caller waits the floor (G2) first.
+    Rerun(Box<Incoming>),
+}
+
+/// How a call ended, made into what to settle: planned, reported, its copy published
+/// (or kept for its delay). `called`: when the call began, for the metrics. The caller
+/// takes [`settled_as_planned`] first, the common case's early branch.
+pub(crate) async fn conclude<S>(
+    shared: &Shared<S>,
+    mut incoming: Box<Incoming>,
+    completion: Completion,
+    report: Option<Box<Report>>,
+    called: Option<u64>,
+) -> Concluded {
+    let plan = decide(shared, incoming.delivery(), &completion, report);
+    if let (Some(metrics), Some(called)) = (&shared.metrics, called) {
+        metrics.observe_since(called);
+        metrics.observe_age(incoming.delivery().metadata().timestamp_ms);
+        metrics.outcome(Outcome::of(&completion));
+    }
+    if let Some(observer) = &shared.observer {
+        observer.handled(&Handled {
+            registration: &shared.registration,
+            delivery: incoming.delivery(),
+            completion: &completion,
+            plan: &plan,
+        });
+    }
+    let settle = match plan.copy {
+        None => plan.settle,
+        Some(c) if c.delay.is_zero() => {
+            copy::deliver(shared, incoming.delivery(), c, plan.settle).await
+        }
+        Some(c) => {
+            // Kept for the delay: its headers read now, the client's record let go.
+            incoming.delivery_mut().own_deferred();
+            let delayed = Fate::Delayed(Box::new(DelayedCopy {
+                incoming,
+                copy: c,
+                settle: plan.settle,
+            }));
+            return Concluded::Finished((delayed, None));
+        }
+    };
+    if settle == Settle::Redeliver && shared.capabilities.redeliver_in_place {
+        return Concluded::Rerun(incoming);
+    }
+    Concluded::Finished((Fate::Settle(settle), Some(incoming)))
 }
 
 /// The common case: an `ack()` or a `drop()`, whose plan was made once for the
@@ -111,7 +152,7 @@ pub(crate) async fn handle<S: Service>(
 /// as `decide` would when the broker has no operation for it (Core NATS); `None` for
 /// anything else, which `decide` plans.
 #[inline]
-fn settled_as_planned<S>(
+pub(crate) fn settled_as_planned<S>(
     shared: &Shared<S>,
     delivery: &Delivery,
     completion: &Completion,
@@ -141,7 +182,7 @@ fn decide<S>(
     shared: &Shared<S>,
     delivery: &Delivery,
     completion: &Completion,
-    report: Option<Box<super::unwind::Report>>,
+    report: Option<Box<Report>>,
 ) -> Plan {
     let verdict = match completion {
         // The common case: the handler's own outcome, nothing to report.
@@ -163,7 +204,7 @@ fn failure_verdict<S>(
     shared: &Shared<S>,
     delivery: &Delivery,
     completion: &Completion,
-    report: Option<Box<super::unwind::Report>>,
+    report: Option<Box<Report>>,
 ) -> Verdict {
     let registration = &*shared.registration;
     let address = delivery.address();
@@ -233,7 +274,7 @@ fn report_panic(
     attempt: u32,
     loud: bool,
     message: &str,
-    report: Option<Box<super::unwind::Report>>,
+    report: Option<Box<Report>>,
 ) {
     let (location, backtrace) = match report.map(|r| *r) {
         Some(r) => (r.location, r.backtrace),

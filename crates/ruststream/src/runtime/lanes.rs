@@ -19,6 +19,7 @@ use std::task::{Context, Poll};
 use ruststream_core::Delivery;
 
 use super::shared::{Done, Fate, Job};
+use super::work::LaneWork;
 use crate::extract::{Context as CallContext, Incoming};
 use crate::in_flight::InFlight;
 
@@ -103,60 +104,11 @@ where
         }
     }
 
-    /// A box for the next fetch to write its delivery into: a spare one when there is
-    /// one (its last delivery is overwritten there), a new one otherwise.
-    #[inline]
-    pub(crate) fn slot(&mut self) -> Box<Incoming> {
-        match self.spare.pop() {
-            Some(spare) => spare,
-            None => self.new_slot(),
-        }
-    }
-
     /// A new box, while the lanes have not yet handed back as many as they hold.
     #[cold]
     fn new_slot(&self) -> Box<Incoming> {
         let context = Arc::clone(&self.context);
         Box::new(Incoming::new(Delivery::empty(), context))
-    }
-
-    /// A job for the delivery the fetch wrote into `slot`, which gets the next box.
-    #[inline]
-    pub(crate) fn job(&mut self, slot: &mut Box<Incoming>, receipt: R) -> Job<R> {
-        let next = self.slot();
-        Job {
-            incoming: std::mem::replace(slot, next),
-            receipt,
-        }
-    }
-
-    /// Whether `lane` runs nothing: a job offered to it starts at once.
-    #[inline]
-    pub(crate) fn is_free(&self, lane: usize) -> bool {
-        self.receipts[lane].is_none()
-    }
-
-    /// The receipt of the delivery `lane` runs.
-    #[inline]
-    pub(crate) fn receipt(&self, lane: usize) -> Option<&R> {
-        self.receipts[lane].as_ref()
-    }
-
-    /// A lane that runs nothing, looking from where the last look ended.
-    pub(crate) fn free_lane(&mut self) -> Option<usize> {
-        let count = self.receipts.len();
-        let free = (0..count)
-            .map(|i| (self.free_from + i) % count)
-            .find(|&lane| self.receipts[lane].is_none())?;
-        self.free_from = (free + 1) % count;
-        Some(free)
-    }
-
-    /// Starts `job` on `lane` or queues it there when it has room; hands it back when not.
-    /// A keyless job ([`ANY_LANE`]) starts on a free lane or is handed back.
-    #[inline(always)]
-    pub(crate) fn offer(&mut self, lane: usize, job: Job<R>) -> Option<Job<R>> {
-        self.offer_after(lane, job, false)
     }
 
     /// [`offer`](Self::offer), for a job that `waited` (its start is told).
@@ -182,40 +134,12 @@ where
         }
     }
 
-    /// A lane finished: the delivery waiting for its lane is queued if that lane has
-    /// room now.
-    #[inline(always)]
-    pub(crate) fn start_waiting(&mut self, waiting: &mut Option<(usize, Job<R>)>) {
-        if let Some((lane, _)) = waiting
-            && self.has_room(*lane)
-            && let Some((lane, job)) = waiting.take()
-            && let Some(job) = self.offer_after(lane, job, true)
-        {
-            self.queues[lane].push_back(job);
-        }
-    }
-
     /// Whether `lane` would take a job now.
     fn has_room(&self, lane: usize) -> bool {
         if lane == ANY_LANE {
             return self.receipts.iter().any(Option::is_none);
         }
         self.receipts[lane].is_none() || self.queues[lane].len() < LANE_QUEUE
-    }
-
-    /// Queues `job` whatever the room (a fetched delivery at stop, so it still runs).
-    pub(crate) fn push(&mut self, lane: usize, job: Job<R>) {
-        if let Some(job) = self.offer(lane, job) {
-            let lane = if lane == ANY_LANE { 0 } else { lane };
-            self.queues[lane].push_back(job);
-        }
-    }
-
-    /// Starts `job` on `lane`, which runs nothing (the pump's case: every lane free).
-    #[inline(always)]
-    pub(crate) fn start_free(&mut self, lane: usize, job: Job<R>) {
-        debug_assert!(self.is_free(lane), "a lane runs one delivery at a time");
-        self.start(lane, job);
     }
 
     #[inline]
@@ -234,17 +158,6 @@ where
         self.publish();
     }
 
-    /// Polls the running deliveries; what the first one done asks to settle is
-    /// returned, and its lane has already started the next one it holds.
-    #[inline(always)]
-    pub(crate) fn poll_finished(&mut self, cx: &mut Context<'_>) -> Poll<Done<R>> {
-        // Nothing running, the common case on every pass: no call.
-        if self.busy == 0 {
-            return Poll::Pending;
-        }
-        self.poll_running(cx)
-    }
-
     fn poll_running(&mut self, cx: &mut Context<'_>) -> Poll<Done<R>> {
         let count = self.running.len();
         for i in 0..count {
@@ -257,10 +170,110 @@ where
         Poll::Pending
     }
 
+    fn publish(&self) {
+        if let Some(in_flight) = &self.published {
+            in_flight.running.store(self.busy, Ordering::Relaxed);
+        }
+    }
+}
+
+impl<R, F, St> LaneWork<R> for Lanes<R, F, St>
+where
+    F: Future<Output = Finished>,
+    St: Fn(Box<Incoming>) -> F,
+{
+    /// A box for the next fetch to write its delivery into: a spare one when there is
+    /// one (its last delivery is overwritten there), a new one otherwise.
+    #[inline]
+    fn slot(&mut self) -> Box<Incoming> {
+        match self.spare.pop() {
+            Some(spare) => spare,
+            None => self.new_slot(),
+        }
+    }
+
+    /// A job for the delivery the fetch wrote into `slot`, which gets the next box.
+    #[inline]
+    fn job(&mut self, slot: &mut Box<Incoming>, receipt: R) -> Job<R> {
+        let next = self.slot();
+        Job {
+            incoming: std::mem::replace(slot, next),
+            receipt,
+        }
+    }
+
+    /// Whether `lane` runs nothing: a job offered to it starts at once.
+    #[inline]
+    fn is_free(&self, lane: usize) -> bool {
+        self.receipts[lane].is_none()
+    }
+
+    /// The receipt of the delivery `lane` runs.
+    #[inline]
+    fn receipt(&self, lane: usize) -> Option<&R> {
+        self.receipts[lane].as_ref()
+    }
+
+    /// A lane that runs nothing, looking from where the last look ended.
+    fn free_lane(&mut self) -> Option<usize> {
+        let count = self.receipts.len();
+        let free = (0..count)
+            .map(|i| (self.free_from + i) % count)
+            .find(|&lane| self.receipts[lane].is_none())?;
+        self.free_from = (free + 1) % count;
+        Some(free)
+    }
+
+    /// Starts `job` on `lane` or queues it there when it has room; hands it back when not.
+    /// A keyless job ([`ANY_LANE`]) starts on a free lane or is handed back.
+    #[inline(always)]
+    fn offer(&mut self, lane: usize, job: Job<R>) -> Option<Job<R>> {
+        self.offer_after(lane, job, false)
+    }
+
+    /// A lane finished: the delivery waiting for its lane is queued if that lane has
+    /// room now.
+    #[inline(always)]
+    fn start_waiting(&mut self, waiting: &mut Option<(usize, Job<R>)>) {
+        if let Some((lane, _)) = waiting
+            && self.has_room(*lane)
+            && let Some((lane, job)) = waiting.take()
+            && let Some(job) = self.offer_after(lane, job, true)
+        {
+            self.queues[lane].push_back(job);
+        }
+    }
+
+    /// Queues `job` whatever the room (a fetched delivery at stop, so it still runs).
+    fn push(&mut self, lane: usize, job: Job<R>) {
+        if let Some(job) = self.offer(lane, job) {
+            let lane = if lane == ANY_LANE { 0 } else { lane };
+            self.queues[lane].push_back(job);
+        }
+    }
+
+    /// Starts `job` on `lane`, which runs nothing (the pump's case: every lane free).
+    #[inline(always)]
+    fn start_free(&mut self, lane: usize, job: Job<R>) {
+        debug_assert!(self.is_free(lane), "a lane runs one delivery at a time");
+        self.start(lane, job);
+    }
+
+    /// Polls the running deliveries; what the first one done asks to settle is
+    /// returned, and its lane has already started the next one it holds.
+    #[inline(always)]
+    fn poll_finished(&mut self, cx: &mut Context<'_>) -> Poll<Done<R>> {
+        // Nothing running, the common case on every pass: no call.
+        if self.busy == 0 {
+            return Poll::Pending;
+        }
+        self.poll_running(cx)
+    }
+
     /// Polls `lane`'s running delivery; when it is done, what it asks to settle is
     /// returned, and the lane has already started the next one it holds.
     #[inline]
-    pub(crate) fn poll_lane(&mut self, lane: usize, cx: &mut Context<'_>) -> Poll<Done<R>> {
+    fn poll_lane(&mut self, lane: usize, cx: &mut Context<'_>) -> Poll<Done<R>> {
         if self.receipts[lane].is_none() {
             return Poll::Pending;
         }
@@ -288,16 +301,10 @@ where
         Poll::Ready(Done { receipt, fate })
     }
 
-    fn publish(&self) {
-        if let Some(in_flight) = &self.published {
-            in_flight.running.store(self.busy, Ordering::Relaxed);
-        }
-    }
-
     /// The next lane that started a delivery which had waited, with that delivery's
     /// receipt (still running: its future was not polled since).
     #[inline]
-    pub(crate) fn started_after_wait(&mut self) -> Option<&R> {
+    fn started_after_wait(&mut self) -> Option<&R> {
         while let Some(lane) = self.started_after_wait.pop() {
             if self.receipts[lane].is_some() {
                 return self.receipts[lane].as_ref();
@@ -307,7 +314,7 @@ where
     }
 
     /// Nothing running and nothing queued.
-    pub(crate) fn is_idle(&self) -> bool {
+    fn is_idle(&self) -> bool {
         self.busy == 0
     }
 }
@@ -324,6 +331,7 @@ mod tests {
     use crate::extract::{Context as CallContext, Incoming};
     use crate::memory::MemoryBroker;
     use crate::runtime::shared::{Fate, Job};
+    use crate::runtime::work::LaneWork;
 
     /// A client's record, as far as its holders go.
     struct Record(#[allow(dead_code)] Arc<()>);

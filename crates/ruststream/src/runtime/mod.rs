@@ -9,6 +9,7 @@ mod quiet;
 mod refusals;
 mod shared;
 mod unwind;
+mod work;
 
 use std::sync::Arc;
 

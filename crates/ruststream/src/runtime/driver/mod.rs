@@ -63,9 +63,10 @@ use ruststream_core::{SubscribeError, Subscription};
 use tokio::sync::watch;
 
 use super::lane;
-use super::lanes::{Finished, Lanes as LaneSet};
+use super::lanes::Lanes as LaneSet;
 use super::quiet::ErrorRun;
 use super::shared::{Job, Shared};
+use super::work::LaneWork;
 use crate::extract::Incoming;
 use crate::middleware::Service;
 use crate::registration::LaneKey;
@@ -104,13 +105,26 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
         .as_ref()
         .map(|_| Arc::clone(&shared.in_flight));
     let context = Arc::clone(&shared.context);
-    let mut set = LaneSet::new(lanes.count, running, context, move |incoming| {
+    let set = LaneSet::new(lanes.count, running, context, move |incoming| {
         lane::handle(shared_ref, incoming)
     });
+    run(subscription, &shared, set, lanes, stop, deadlines).await;
+}
+
+/// The driver's loop over `set`, one delivery per lane or batches per lane, then the
+/// stop.
+pub(super) async fn run<Sub: Subscription, S: Service, L: LaneWork<Sub::Receipt>>(
+    subscription: Sub,
+    shared: &Arc<Shared<S>>,
+    mut set: L,
+    lanes: Lanes,
+    stop: watch::Receiver<bool>,
+    deadlines: Deadlines,
+) {
     let slot = set.slot();
     let mut d = Driver {
         subscription,
-        shared: &shared,
+        shared,
         set,
         pending: None,
         lanes,
@@ -147,7 +161,7 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
                 continue;
             }
             Event::Ended => {
-                pass::note_ended(&shared);
+                pass::note_ended(shared);
                 break;
             }
         };
@@ -161,14 +175,14 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
         pending,
         ..
     } = d;
-    stop::close_within(subscription, &shared, set, pending, timers, deadlines).await;
+    stop::close_within(subscription, shared, set, pending, timers, deadlines).await;
 }
 
 /// The driver's state, apart from the delayed copies' timers.
-struct Driver<'s, Sub: Subscription, S, F, St> {
+struct Driver<'s, Sub: Subscription, S, L> {
     subscription: Sub,
     shared: &'s Arc<Shared<S>>,
-    set: LaneSet<Sub::Receipt, F, St>,
+    set: L,
     /// A fetched delivery waiting for room on its lane.
     pending: Waiting<Sub::Receipt>,
     lanes: Lanes,
@@ -180,11 +194,10 @@ struct Driver<'s, Sub: Subscription, S, F, St> {
     slot: Box<Incoming>,
 }
 
-impl<Sub, S, F, St> Driver<'_, Sub, S, F, St>
+impl<Sub, S, L> Driver<'_, Sub, S, L>
 where
     Sub: Subscription,
-    F: Future<Output = Finished>,
-    St: Fn(Box<Incoming>) -> F,
+    L: LaneWork<Sub::Receipt>,
 {
     /// A fetch failed: told, and the next one after a pause.
     #[cold]

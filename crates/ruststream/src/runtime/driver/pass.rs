@@ -10,13 +10,12 @@ use ruststream_core::{SubscribeError, Subscription};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+use super::Driver;
 use super::settle::Timed;
-use super::{Driver, LaneSet};
-use crate::extract::Incoming;
 use crate::middleware::Service;
-use crate::runtime::lanes::Finished;
 use crate::runtime::quiet::ErrorRun;
 use crate::runtime::shared::{Done, Shared};
+use crate::runtime::work::LaneWork;
 
 /// What one pass of the driver's loop found to do, in the order it looks.
 pub(super) enum Event<R> {
@@ -47,12 +46,11 @@ impl<R> Event<R> {
     }
 }
 
-impl<Sub, S, F, St> Driver<'_, Sub, S, F, St>
+impl<Sub, S, L> Driver<'_, Sub, S, L>
 where
     Sub: Subscription,
     S: Service,
-    F: Future<Output = Finished>,
-    St: Fn(Box<Incoming>) -> F,
+    L: LaneWork<Sub::Receipt>,
 {
     /// The loop's next event. While every lane is free, nothing waits for one and no
     /// timer is set, the ladder runs with the subscription's immediate fetch and what it
@@ -64,20 +62,24 @@ where
         &mut self,
         timers: &mut Timed<Sub::Receipt>,
     ) -> Event<Sub::Receipt> {
-        // A delivery the straight line goes on from was settled in its first poll: the
-        // lanes are idle again, and nothing in it sets a timer or makes one wait.
-        let idle = timers.set.is_empty() && self.pending.is_none() && self.set.is_idle();
+        // A delivery the straight line goes on from was settled in its first poll, and
+        // nothing in it sets a timer or makes one wait; the lanes are idle again unless
+        // they run batches (a batch keeps the rest of its deliveries to hand back).
+        let idle = timers.set.is_empty() && self.pending.is_none();
         let straight = poll_fn(|cx| {
             loop {
-                debug_assert!(!idle || (self.set.is_idle() && self.pending.is_none()));
-                if !idle || !fetch_room(&self.subscription, self.shared, &mut self.at_bound) {
+                debug_assert!(!idle || self.pending.is_none());
+                if !idle
+                    || !self.set.is_idle()
+                    || !fetch_room(&self.subscription, self.shared, &mut self.at_bound)
+                {
                     return Poll::Ready(None);
                 }
                 let polled = {
                     let (subscription, slot) = (&mut self.subscription, self.slot.delivery_mut());
                     let now = pin!(poll_fn(|_| subscription.next_now(slot).map(Event::fetched)));
                     // Nothing runs and no timer is set: nothing can finish.
-                    poll_event::<_, F, St, _>(cx, None, &mut self.stop, now)
+                    poll_event::<_, L, _>(cx, None, &mut self.stop, now)
                 };
                 let receipt = match polled {
                     // Out of budget, or nothing at once: the full pass.
@@ -116,23 +118,22 @@ where
 }
 
 /// What may finish: the lanes, and the delayed copies' timers.
-type Running<'a, R, F, St> = (&'a mut LaneSet<R, F, St>, &'a mut JoinSet<Done<R>>);
+type Running<'a, R, L> = (&'a mut L, &'a mut JoinSet<Done<R>>);
 
 /// The ladder: finished lanes, then timers (`running`: `None` when nothing runs and no
 /// timer is set), the stop signal, the budget and the fetch. The fetch lives as long as
 /// the pass waits (it holds the waker the broker wakes), and is dropped, like a
 /// `select!` branch, once something else comes first.
 #[inline(always)]
-fn poll_event<R, F, St, Fetch>(
+fn poll_event<R, L, Fetch>(
     cx: &mut Context<'_>,
-    running: Option<Running<'_, R, F, St>>,
+    running: Option<Running<'_, R, L>>,
     stop: &mut StopSignal,
     fetch: Pin<&mut Fetch>,
 ) -> Poll<Event<R>>
 where
     R: Send + 'static,
-    F: Future<Output = Finished>,
-    St: Fn(Box<Incoming>) -> F,
+    L: LaneWork<R>,
     Fetch: Future<Output = Event<R>>,
 {
     // The straight line (`running` is `None`) never waits here: it leaves for a full pass.

@@ -1,6 +1,5 @@
 //! Settlement: the one path from what a delivery came to, to the broker operation.
 
-use std::future::Future;
 use std::ops::ControlFlow;
 use std::sync::Arc;
 
@@ -10,13 +9,12 @@ use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep_until};
 
 use super::Driver;
-use crate::extract::Incoming;
 use crate::middleware::Service;
 use crate::ops::SettleError;
 use crate::runtime::copy;
-use crate::runtime::lanes::Finished;
 use crate::runtime::quiet::ErrorRun;
 use crate::runtime::shared::{DelayedCopy, Done, Fate, Shared};
+use crate::runtime::work::LaneWork;
 
 /// The mode delayed copies wait in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,12 +41,11 @@ impl<R: Send + 'static> Timed<R> {
     }
 }
 
-impl<Sub, S, F, St> Driver<'_, Sub, S, F, St>
+impl<Sub, S, L> Driver<'_, Sub, S, L>
 where
     Sub: Subscription,
     S: Service,
-    F: Future<Output = Finished>,
-    St: Fn(Box<Incoming>) -> F,
+    L: LaneWork<Sub::Receipt>,
 {
     /// Settles `done`, or starts its delayed copy's timer.
     pub(super) async fn settle(

@@ -1,23 +1,21 @@
 //! A fetched delivery: counted in flight, given to its lane, and polled there once.
 
 use std::collections::hash_map::DefaultHasher;
-use std::future::Future;
 use std::hash::{Hash, Hasher};
 use std::task::{Context, Poll};
 
 use ruststream_core::{Delivery, Subscription};
 
-use super::{Driver, LaneSet, Lanes, Waiting};
-use crate::extract::Incoming;
+use super::{Driver, Lanes, Waiting};
 use crate::registration::LaneKey;
-use crate::runtime::lanes::{ANY_LANE, Finished};
+use crate::runtime::lanes::ANY_LANE;
 use crate::runtime::shared::{Done, Job, Shared};
+use crate::runtime::work::LaneWork;
 
-impl<Sub, S, F, St> Driver<'_, Sub, S, F, St>
+impl<Sub, S, L> Driver<'_, Sub, S, L>
 where
     Sub: Subscription,
-    F: Future<Output = Finished>,
-    St: Fn(Box<Incoming>) -> F,
+    L: LaneWork<Sub::Receipt>,
 {
     /// The delivery the fetch wrote into the slot, started on its lane (or queued, or
     /// kept waiting) and its lane polled once: what it came to when done at once. `idle`:
@@ -79,16 +77,12 @@ where
 /// started there, and it again when it must wait): a free lane starts it; a busy one
 /// queues it or, full, makes it wait. One that does not start is not done at once: the
 /// subscription is told so.
-fn offer<Sub: Subscription, F, St>(
+fn offer<Sub: Subscription, L: LaneWork<Sub::Receipt>>(
     subscription: &mut Sub,
-    set: &mut LaneSet<Sub::Receipt, F, St>,
+    set: &mut L,
     mut lane: usize,
     job: Job<Sub::Receipt>,
-) -> (usize, bool, Waiting<Sub::Receipt>)
-where
-    F: Future<Output = Finished>,
-    St: Fn(Box<Incoming>) -> F,
-{
+) -> (usize, bool, Waiting<Sub::Receipt>) {
     if lane == ANY_LANE
         && let Some(free) = set.free_lane()
     {

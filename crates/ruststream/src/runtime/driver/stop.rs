@@ -9,27 +9,25 @@ use ruststream_core::Subscription;
 use tokio::time::{Instant, sleep_until};
 
 use super::settle::{Timed, Timers, apply};
-use super::{Deadlines, LaneSet, Waiting};
-use crate::extract::Incoming;
+use super::{Deadlines, Waiting};
 use crate::middleware::Service;
-use crate::runtime::lanes::Finished;
 use crate::runtime::quiet::ErrorRun;
 use crate::runtime::shared::{Done, Shared};
+use crate::runtime::work::LaneWork;
 
 /// Lets the lanes finish what they hold, within the drain deadline, then closes within
 /// the close deadline, whatever the broker does (G6).
-pub(super) async fn close_within<Sub, S, F, St>(
+pub(super) async fn close_within<Sub, S, L>(
     subscription: Sub,
     shared: &Arc<Shared<S>>,
-    set: LaneSet<Sub::Receipt, F, St>,
+    set: L,
     pending: Waiting<Sub::Receipt>,
     timers: Timed<Sub::Receipt>,
     deadlines: Deadlines,
 ) where
     Sub: Subscription,
     S: Service,
-    F: Future<Output = Finished>,
-    St: Fn(Box<Incoming>) -> F,
+    L: LaneWork<Sub::Receipt>,
 {
     let hard = Instant::now() + deadlines.drain + deadlines.close;
     let drained = drain_and_close(subscription, shared, set, pending, timers, deadlines);
@@ -43,20 +41,20 @@ pub(super) async fn close_within<Sub, S, F, St>(
     }
 }
 
-async fn drain_and_close<Sub, S, F, St>(
+async fn drain_and_close<Sub, S, L>(
     mut subscription: Sub,
     shared: &Arc<Shared<S>>,
-    mut set: LaneSet<Sub::Receipt, F, St>,
+    mut set: L,
     pending: Waiting<Sub::Receipt>,
     mut timers: Timed<Sub::Receipt>,
     deadlines: Deadlines,
 ) where
     Sub: Subscription,
     S: Service,
-    F: Future<Output = Finished>,
-    St: Fn(Box<Incoming>) -> F,
+    L: LaneWork<Sub::Receipt>,
 {
     let mut deadline = pin!(sleep_until(Instant::now() + deadlines.drain));
+    set.stopping();
     if let Some((lane, job)) = pending {
         // Fetched but not started: it runs too rather than being dropped.
         set.push(lane, job);
