@@ -73,6 +73,7 @@
 
 mod app;
 mod backoff;
+pub mod batch;
 pub mod codec;
 #[cfg(feature = "conformance")]
 pub mod conformance;
@@ -95,6 +96,7 @@ pub use app::{
     StartError, StopHandle, Violation,
 };
 pub use backoff::Backoff;
+pub use batch::{BatchOutcome, on_batch};
 pub use codec::{Codec, Json};
 pub use extract::{Decoded, FromDelivery, Message, Meta, Payload, ReplyTo, State};
 pub use group::Registrations;

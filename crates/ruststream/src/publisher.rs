@@ -43,6 +43,35 @@ impl Publisher {
         self.inner.publish(message).await
     }
 
+    /// Publishes every message at once and waits for all the broker's confirmations
+    /// together: one result per message, in order, so a caller learns exactly which
+    /// were refused. Each transport pipelines them (Kafka produces all and awaits the
+    /// delivery reports together, JetStream and Pulsar await their acks together,
+    /// RabbitMQ its publisher confirms, Redis pipelines the `XADD`s over its
+    /// connection); a refused message does not stop the others.
+    ///
+    /// ```
+    /// # async fn example(publisher: ruststream::Publisher) {
+    /// use ruststream::core::Outgoing;
+    ///
+    /// let orders = (0..100).map(|n| Outgoing::new("orders", format!(r#"{{"id":{n}}}"#)));
+    /// let results = publisher.send_all(orders).await;
+    /// let refused: Vec<usize> = (0..results.len()).filter(|&i| results[i].is_err()).collect();
+    /// # }
+    /// ```
+    pub async fn send_all(
+        &self,
+        messages: impl IntoIterator<Item = Outgoing>,
+    ) -> Vec<Result<(), PublishError>> {
+        use futures_util::StreamExt;
+        messages
+            .into_iter()
+            .map(|message| self.publish(message))
+            .collect::<futures_util::stream::FuturesOrdered<_>>()
+            .collect()
+            .await
+    }
+
     /// The transport's publish.
     pub fn as_publish(&self) -> &Arc<dyn Publish> {
         &self.inner

@@ -7,6 +7,7 @@ use std::time::Duration;
 use ruststream_core::{DeadLetters, Declaration, DelayedRedelivery, Descriptor, may_copy};
 
 use crate::backoff::Backoff;
+use crate::batch::BatchLimits;
 
 use crate::handler::{Handler, HandlerService};
 use crate::middleware::{Layer, Service};
@@ -69,7 +70,7 @@ where
     }
 }
 
-fn short_type_name<T>() -> String {
+pub(crate) fn short_type_name<T>() -> String {
     let full = type_name::<T>();
     // `my_crate::orders::on_order` → `orders::on_order`; closures keep their full path.
     let parts: Vec<&str> = full.split("::").collect();
@@ -91,6 +92,8 @@ pub(crate) struct Options {
     pub(crate) timeout: Option<Duration>,
     pub(crate) backoff: Option<Backoff>,
     pub(crate) max_in_flight: usize,
+    /// How batches are cut (a batch registration, [`on_batch`](crate::on_batch)).
+    pub(crate) batch: Option<BatchLimits>,
 }
 
 /// How many deliveries a subscription holds at most unless set (SPEC G5).
@@ -112,6 +115,7 @@ impl Default for Options {
             timeout: None,
             backoff: None,
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            batch: None,
         }
     }
 }
@@ -129,7 +133,7 @@ pub struct Registration<D, S> {
     pub(crate) mount: fn(Self) -> Box<dyn Mount>,
 }
 
-impl<D: Descriptor, S: Service> Registration<D, S> {
+impl<D: Descriptor, S> Registration<D, S> {
     /// Names the registration in logs and errors (default: the handler's path).
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = name.into();
@@ -211,7 +215,10 @@ impl<D: Descriptor, S: Service> Registration<D, S> {
     }
 
     /// Wraps the handler in a middleware layer; the last layer added runs first.
-    pub fn layer<L: Layer<S>>(self, layer: L) -> Registration<D, L::Service> {
+    pub fn layer<L: Layer<S>>(self, layer: L) -> Registration<D, L::Service>
+    where
+        S: Service,
+    {
         Registration {
             name: self.name,
             descriptor: self.descriptor,
@@ -258,6 +265,11 @@ impl<D: Descriptor, S: Service> Registration<D, S> {
         if self.options.max_in_flight == 0 {
             broken.push("max_in_flight must be at least 1".to_owned());
         }
+        broken.extend(
+            self.options
+                .batch
+                .and_then(|limits| limits.violation(self.options.max_in_flight)),
+        );
         if self.options.timeout.is_some_and(|d| d.is_zero()) {
             broken.push("the handler timeout must be longer than zero".to_owned());
         }

@@ -140,6 +140,7 @@ pub(crate) struct Metrics {
     outcomes: Family<KindLabels, Counter>,
     duration: Family<Labels, Histogram>,
     age: Family<Labels, Histogram>,
+    batch_size: Family<Labels, Histogram>,
     in_flight: Family<Labels, Gauge>,
     delayed: Family<Labels, Gauge>,
     copies: Family<KindLabels, Counter>,
@@ -162,6 +163,11 @@ impl std::fmt::Debug for Metrics {
 /// Handler durations from 100 µs to about 100 s.
 fn duration_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.0001, 2.5, 16))
+}
+
+/// Batch sizes from 1 to 4,096 (powers of two).
+fn batch_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(1.0, 2.0, 13))
 }
 
 /// Delivery ages from 1 ms to about 15 min.
@@ -187,6 +193,11 @@ impl Metrics {
             &series::AGE,
             Family::<Labels, Histogram>::new_with_constructor(age_histogram as fn() -> Histogram),
         );
+        let batch_size = registered(
+            r,
+            &series::BATCH_SIZE,
+            Family::<Labels, Histogram>::new_with_constructor(batch_histogram as fn() -> Histogram),
+        );
         let in_flight = registered(r, &series::IN_FLIGHT, Family::default());
         let running = registered(r, &series::RUNNING, Family::default());
         let delayed = registered(r, &series::DELAYED, Family::default());
@@ -201,6 +212,7 @@ impl Metrics {
             outcomes,
             duration,
             age,
+            batch_size,
             in_flight,
             delayed,
             copies,
@@ -253,6 +265,7 @@ impl Metrics {
             outcomes: Outcome::ALL.map(|o| self.outcomes.get_or_create_owned(&kind(o.label()))),
             duration: self.duration.get_or_create_owned(&labels),
             age: self.age.get_or_create_owned(&labels),
+            batch_size: self.batch_size.get_or_create_owned(&labels),
             delayed: self.delayed.get_or_create_owned(&labels),
             copies: [
                 self.copies.get_or_create_owned(&kind("retry_copy")),
@@ -356,6 +369,7 @@ pub(crate) struct Instruments {
     outcomes: [Counter; 8],
     pub(crate) duration: Histogram,
     age: Histogram,
+    batch_size: Histogram,
     pub(crate) delayed: Gauge,
     copies: [Counter; 2],
     copy_failures: [Counter; 3],
@@ -394,6 +408,13 @@ impl Instruments {
         #[allow(clippy::cast_precision_loss)]
         self.age
             .observe(now.saturating_sub(stamped).max(0) as f64 / 1e3);
+    }
+
+    /// Observes the size of a batch handed to a batch handler.
+    pub(crate) fn observe_batch(&self, size: usize) {
+        // Exact far past any batch size.
+        #[allow(clippy::cast_precision_loss)]
+        self.batch_size.observe(size as f64);
     }
 
     pub(crate) fn outcome(&self, outcome: Outcome) {
@@ -449,6 +470,11 @@ mod series {
     pub(super) const DURATION: Series = Series {
         name: "ruststream_handler_duration_seconds",
         help: "Time from the handler's call to its answer (extractors included)",
+    };
+
+    pub(super) const BATCH_SIZE: Series = Series {
+        name: "ruststream_batch_size",
+        help: "Messages handed to a batch handler per call (batch registrations only)",
     };
 
     pub(super) const IN_FLIGHT: Series = Series {

@@ -43,7 +43,10 @@ pub(crate) async fn handle<S: Service>(
             let future = pin!(CatchUnwind(pin!(async {
                 shared.service.call(&incoming).await
             })));
-            within_deadline(shared, future).await
+            match within_deadline(shared, future).await {
+                Ok(completion) => (completion, None),
+                Err(failed) => failed,
+            }
         };
         // The common case first: nothing to plan, report or publish.
         if let Some(settle) = settled_as_planned(shared, incoming.delivery(), &completion) {
@@ -64,17 +67,15 @@ pub(crate) async fn handle<S: Service>(
     }
 }
 
-/// Polls a call caught for panics, within the registration's deadline: how it ended, and
-/// a panic's report. Most calls finish in their first poll: no timer for them (the
-/// deadline then counts from the second poll, a negligible difference).
+/// Polls a call caught for panics, within the registration's deadline: its output, or
+/// how it failed (a panic, with its report, or the deadline). Most calls finish in their
+/// first poll: no timer for them (the deadline then counts from the second poll, a
+/// negligible difference).
 #[inline(always)]
-pub(crate) async fn within_deadline<S, F>(
+pub(crate) async fn within_deadline<S, F: Future>(
     shared: &Shared<S>,
     mut future: Pin<&mut CatchUnwind<'_, F>>,
-) -> (Completion, Option<Box<Report>>)
-where
-    F: Future<Output = Completion>,
-{
+) -> Result<F::Output, (Completion, Option<Box<Report>>)> {
     let first = poll_fn(|cx| Poll::Ready(future.as_mut().poll(cx))).await;
     let result = match first {
         Poll::Ready(result) => Ok(result),
@@ -82,9 +83,9 @@ where
         Poll::Pending => tokio::time::timeout(shared.deadline, future).await,
     };
     match result {
-        Ok(Ok(completion)) => (completion, None),
-        Ok(Err(Caught { message, report })) => (Completion::Panicked(message), report),
-        Err(_) => (Completion::TimedOut(shared.deadline), None),
+        Ok(Ok(output)) => Ok(output),
+        Ok(Err(Caught { message, report })) => Err((Completion::Panicked(message), report)),
+        Err(_) => Err((Completion::TimedOut(shared.deadline), None)),
     }
 }
 

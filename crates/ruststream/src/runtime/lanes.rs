@@ -16,10 +16,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 
-use ruststream_core::Delivery;
-
 use super::shared::{Done, Fate, Job};
-use super::work::LaneWork;
+use super::work::{Boxes, LaneWork};
 use crate::extract::{Context as CallContext, Incoming};
 use crate::in_flight::InFlight;
 
@@ -54,19 +52,8 @@ pub(crate) struct Lanes<R, F, St> {
     /// Lanes that started a delivery which had waited (queued, or for any lane): the
     /// driver tells the subscription it runs now (`Subscription::running_on`).
     started_after_wait: Vec<usize>,
-    /// Boxes for the next deliveries. A delivery (about 180 bytes) is written into its
-    /// box by the fetch (`Subscription::next_into`, into the one box the driver holds for
-    /// it) and travels as a pointer from there to the handler's extractors and back; a
-    /// finished delivery's box comes back here, so the steady state allocates nothing. A
-    /// box holds the registration's shared context beside its delivery for its whole
-    /// life (no reference counted per delivery). A spare box keeps its last delivery (and
-    /// payload) until reused, so no more are kept than the lanes hold at once.
-    // The boxes themselves are the point: they are handed out again, not their contents.
-    #[allow(clippy::vec_box)]
-    spare: Vec<Box<Incoming>>,
-    /// What every box holds beside its delivery.
-    context: Arc<CallContext>,
-    spare_cap: usize,
+    /// Boxes for the next deliveries.
+    boxes: Boxes,
     /// Where the number of running deliveries is published (when metrics are on).
     published: Option<Arc<InFlight>>,
 }
@@ -96,19 +83,10 @@ where
             scan_from: 0,
             free_from: 0,
             started_after_wait: Vec::new(),
-            spare: Vec::new(),
             // Each lane's queue and running delivery, and one waiting for room.
-            spare_cap: count * (LANE_QUEUE + 1) + 1,
-            context,
+            boxes: Boxes::new(context, count * (LANE_QUEUE + 1) + 1),
             published,
         }
-    }
-
-    /// A new box, while the lanes have not yet handed back as many as they hold.
-    #[cold]
-    fn new_slot(&self) -> Box<Incoming> {
-        let context = Arc::clone(&self.context);
-        Box::new(Incoming::new(Delivery::empty(), context))
     }
 
     /// [`offer`](Self::offer), for a job that `waited` (its start is told).
@@ -186,20 +164,13 @@ where
     /// one (its last delivery is overwritten there), a new one otherwise.
     #[inline]
     fn slot(&mut self) -> Box<Incoming> {
-        match self.spare.pop() {
-            Some(spare) => spare,
-            None => self.new_slot(),
-        }
+        self.boxes.take()
     }
 
     /// A job for the delivery the fetch wrote into `slot`, which gets the next box.
     #[inline]
     fn job(&mut self, slot: &mut Box<Incoming>, receipt: R) -> Job<R> {
-        let next = self.slot();
-        Job {
-            incoming: std::mem::replace(slot, next),
-            receipt,
-        }
+        self.boxes.job(slot, receipt)
     }
 
     /// Whether `lane` runs nothing: a job offered to it starts at once.
@@ -288,13 +259,7 @@ where
             .expect("a lane keeps the receipt of the delivery it runs");
         self.busy -= 1;
         self.publish();
-        if let Some(mut spare) = spare
-            && self.spare.len() < self.spare_cap
-        {
-            // A spare box keeps its payload until reused, not a client's record.
-            spare.delivery_mut().discard_deferred();
-            self.spare.push(spare);
-        }
+        self.boxes.give_back(spare);
         if let Some(next) = self.queues[lane].pop_front() {
             self.start_after(lane, next, true);
         }
@@ -378,7 +343,7 @@ mod tests {
         };
         assert_eq!(done.receipt, 7);
         assert!(matches!(done.fate, Fate::Settle(Settle::Ack)));
-        assert_eq!(lanes.spare.len(), 1, "its box kept for reuse");
+        assert_eq!(lanes.boxes.spare.len(), 1, "its box kept for reuse");
         assert_eq!(Arc::strong_count(&record), 1, "the record let go, unread");
     }
 }

@@ -62,11 +62,14 @@ use std::time::Duration;
 use ruststream_core::{SubscribeError, Subscription};
 use tokio::sync::watch;
 
+use super::batch;
+use super::batches::Batches;
 use super::lane;
 use super::lanes::Lanes as LaneSet;
 use super::quiet::ErrorRun;
 use super::shared::{Job, Shared};
 use super::work::LaneWork;
+use crate::batch::{BatchLimits, CallBatch};
 use crate::extract::Incoming;
 use crate::middleware::Service;
 use crate::registration::LaneKey;
@@ -111,16 +114,41 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
     run(subscription, &shared, set, lanes, stop, deadlines).await;
 }
 
+/// The driver of a batch registration: the same loop over lanes that gather batches.
+pub(crate) async fn drive_batches<Sub: Subscription, S: CallBatch>(
+    subscription: Sub,
+    shared: Arc<Shared<S>>,
+    lanes: Lanes,
+    limits: BatchLimits,
+    stop: watch::Receiver<bool>,
+    deadlines: Deadlines,
+) {
+    let shared_ref: &Shared<S> = &shared;
+    let running = shared
+        .metrics
+        .as_ref()
+        .map(|_| Arc::clone(&shared.in_flight));
+    let context = Arc::clone(&shared.context);
+    let set = Batches::new(lanes.count, limits, running, context, move |members| {
+        batch::handle_batch(shared_ref, members)
+    });
+    run(subscription, &shared, set, lanes, stop, deadlines).await;
+}
+
 /// The driver's loop over `set`, one delivery per lane or batches per lane, then the
 /// stop.
-pub(super) async fn run<Sub: Subscription, S: Service, L: LaneWork<Sub::Receipt>>(
+pub(super) async fn run<Sub, S, L>(
     subscription: Sub,
     shared: &Arc<Shared<S>>,
     mut set: L,
     lanes: Lanes,
     stop: watch::Receiver<bool>,
     deadlines: Deadlines,
-) {
+) where
+    Sub: Subscription,
+    S: Send + Sync + 'static,
+    L: LaneWork<Sub::Receipt>,
+{
     let slot = set.slot();
     let mut d = Driver {
         subscription,

@@ -12,7 +12,6 @@ use tokio::task::JoinSet;
 
 use super::Driver;
 use super::settle::Timed;
-use crate::middleware::Service;
 use crate::runtime::quiet::ErrorRun;
 use crate::runtime::shared::{Done, Shared};
 use crate::runtime::work::LaneWork;
@@ -49,7 +48,7 @@ impl<R> Event<R> {
 impl<Sub, S, L> Driver<'_, Sub, S, L>
 where
     Sub: Subscription,
-    S: Service,
+    S: Send + Sync + 'static,
     L: LaneWork<Sub::Receipt>,
 {
     /// The loop's next event. While every lane is free, nothing waits for one and no

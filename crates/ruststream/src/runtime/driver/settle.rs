@@ -9,7 +9,6 @@ use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep_until};
 
 use super::Driver;
-use crate::middleware::Service;
 use crate::ops::SettleError;
 use crate::runtime::copy;
 use crate::runtime::quiet::ErrorRun;
@@ -44,7 +43,7 @@ impl<R: Send + 'static> Timed<R> {
 impl<Sub, S, L> Driver<'_, Sub, S, L>
 where
     Sub: Subscription,
-    S: Service,
+    S: Send + Sync + 'static,
     L: LaneWork<Sub::Receipt>,
 {
     /// Settles `done`, or starts its delayed copy's timer.
@@ -96,7 +95,7 @@ where
 
 /// What a delivery came to, done: its settlement made (the subscription's waiting form,
 /// after the immediate one declined), or its delayed copy's timer started.
-pub(super) async fn apply<Sub: Subscription, S: Service>(
+pub(super) async fn apply<Sub: Subscription, S: Send + Sync + 'static>(
     subscription: &mut Sub,
     shared: &Arc<Shared<S>>,
     receipt: Sub::Receipt,
@@ -119,7 +118,7 @@ pub(super) async fn apply<Sub: Subscription, S: Service>(
 
 /// A delayed copy's timer: at its due time (or early, at stop) the copy is published and
 /// the original's settlement comes back to the driver.
-fn start_timer<S: Service, R: Send + 'static>(
+fn start_timer<S: Send + Sync + 'static, R: Send + 'static>(
     shared: Arc<Shared<S>>,
     receipt: R,
     delayed: DelayedCopy,

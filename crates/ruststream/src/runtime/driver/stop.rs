@@ -10,7 +10,6 @@ use tokio::time::{Instant, sleep_until};
 
 use super::settle::{Timed, Timers, apply};
 use super::{Deadlines, Waiting};
-use crate::middleware::Service;
 use crate::runtime::quiet::ErrorRun;
 use crate::runtime::shared::{Done, Shared};
 use crate::runtime::work::LaneWork;
@@ -26,7 +25,7 @@ pub(super) async fn close_within<Sub, S, L>(
     deadlines: Deadlines,
 ) where
     Sub: Subscription,
-    S: Service,
+    S: Send + Sync + 'static,
     L: LaneWork<Sub::Receipt>,
 {
     let hard = Instant::now() + deadlines.drain + deadlines.close;
@@ -50,7 +49,7 @@ async fn drain_and_close<Sub, S, L>(
     deadlines: Deadlines,
 ) where
     Sub: Subscription,
-    S: Service,
+    S: Send + Sync + 'static,
     L: LaneWork<Sub::Receipt>,
 {
     let mut deadline = pin!(sleep_until(Instant::now() + deadlines.drain));

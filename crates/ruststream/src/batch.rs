@@ -1,0 +1,418 @@
+//! Batches: a handler that takes many messages at once and settles each.
+//!
+//! [`on_batch`] binds a handler whose first argument is a [`Batch<T>`]: up to
+//! [`max_batch`](Registration::max_batch) messages of one lane, decoded one by one, each
+//! with its own [`Meta`] (attempt, key, address, broker position) and headers. It returns
+//! a [`BatchOutcome`]: one [`HandlerOutcome`] per message, so each message settles
+//! exactly as it would alone (attempts, `max_attempts`, dead letters and retry copies are
+//! per message).
+//!
+//! ```
+//! use ruststream::{App, BatchOutcome, HandlerOutcome, memory::MemoryBroker, on_batch};
+//! use ruststream::batch::Batch;
+//! use std::time::Duration;
+//!
+//! #[derive(serde::Deserialize)]
+//! struct Order { id: u64 }
+//!
+//! async fn save_all(batch: Batch<Order>) -> BatchOutcome {
+//!     // One bulk write for the whole batch; order 0 is refused.
+//!     let mut outcome = BatchOutcome::ack_all();
+//!     for (i, item) in batch.iter().enumerate() {
+//!         if item.value.id == 0 {
+//!             outcome.set(i, HandlerOutcome::drop());
+//!         }
+//!     }
+//!     outcome
+//! }
+//!
+//! let broker = MemoryBroker::new();
+//! let app = App::new().register(
+//!     on_batch(broker.topic("orders"), save_all)
+//!         .max_batch(500)
+//!         .max_wait(Duration::from_millis(20)),
+//! );
+//! ```
+//!
+//! A batch is cut when it holds `max_batch` messages or `max_wait` after its first
+//! message, whichever comes first. It is formed per lane: a key's messages share a lane
+//! and keep their order within a batch and across batches (a lane runs one batch at a
+//! time). `max_in_flight` counts messages. A message that does not decode follows the
+//! registration's failure policy alone; the handler gets the rest, never an empty batch.
+//! The handler deadline covers the whole call; an `Err`, a panic or the deadline count as
+//! `retry()` for every message of the batch.
+
+use std::future::Future;
+use std::marker::PhantomData;
+use std::ops::Deref;
+
+use ruststream_core::{Cause, Descriptor, HandlerOutcome, Headers};
+use serde::de::DeserializeOwned;
+
+use crate::codec::{Codec, Json};
+use crate::extract::{FromDelivery, Incoming, Meta, Rejection};
+use crate::middleware::Completion;
+use crate::registration::{Options, Registration, short_type_name};
+use crate::state::StateMap;
+
+/// The messages of one batch, in the order they were read, each decoded from its payload
+/// with codec `C` (JSON unless named). Derefs to a slice of [`Item`]s.
+#[derive(Debug)]
+pub struct Batch<T, C = Json> {
+    items: Vec<Item<T>>,
+    codec: PhantomData<fn() -> C>,
+}
+
+/// One message of a batch: its decoded value, where it came from, its headers.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Item<T> {
+    /// The decoded payload.
+    pub value: T,
+    /// Its attempt, key, address and broker position.
+    pub meta: Meta,
+    /// Its headers.
+    pub headers: Headers,
+}
+
+impl<T, C> Batch<T, C> {
+    /// The items, to keep.
+    pub fn into_items(self) -> Vec<Item<T>> {
+        self.items
+    }
+
+    /// The decoded values, in order.
+    pub fn values(&self) -> impl ExactSizeIterator<Item = &T> {
+        self.items.iter().map(|item| &item.value)
+    }
+}
+
+impl<T, C> Deref for Batch<T, C> {
+    type Target = [Item<T>];
+    fn deref(&self) -> &[Item<T>] {
+        &self.items
+    }
+}
+
+impl<T, C> IntoIterator for Batch<T, C> {
+    type Item = Item<T>;
+    type IntoIter = std::vec::IntoIter<Item<T>>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.items.into_iter()
+    }
+}
+
+impl<'b, T, C> IntoIterator for &'b Batch<T, C> {
+    type Item = &'b Item<T>;
+    type IntoIter = std::slice::Iter<'b, Item<T>>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.items.iter()
+    }
+}
+
+/// What a batch handler answers: one outcome per message, by its index in the
+/// [`Batch`]. Start from one outcome for all and [`set`](Self::set) the exceptions, or
+/// give each with [`each`](Self::each). A message left without an outcome (a list
+/// shorter than the batch) is retried, and the registration logs an error naming it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchOutcome {
+    all: Option<HandlerOutcome>,
+    each: Vec<Option<HandlerOutcome>>,
+}
+
+impl BatchOutcome {
+    /// `outcome` for every message.
+    pub fn all(outcome: HandlerOutcome) -> Self {
+        Self {
+            all: Some(outcome),
+            each: Vec::new(),
+        }
+    }
+
+    /// `ack()` for every message.
+    pub fn ack_all() -> Self {
+        Self::all(HandlerOutcome::ack())
+    }
+
+    /// `retry()` for every message.
+    pub fn retry_all() -> Self {
+        Self::all(HandlerOutcome::retry())
+    }
+
+    /// `drop()` for every message.
+    pub fn drop_all() -> Self {
+        Self::all(HandlerOutcome::drop())
+    }
+
+    /// One outcome per message, in the batch's order.
+    pub fn each(outcomes: impl IntoIterator<Item = HandlerOutcome>) -> Self {
+        Self {
+            all: None,
+            each: outcomes.into_iter().map(Some).collect(),
+        }
+    }
+
+    /// Sets the outcome of the message at `index`.
+    pub fn set(&mut self, index: usize, outcome: HandlerOutcome) {
+        if self.each.len() <= index {
+            self.each.resize(index + 1, None);
+        }
+        self.each[index] = Some(outcome);
+    }
+
+    /// [`set`](Self::set), as a builder.
+    #[must_use]
+    pub fn with(mut self, index: usize, outcome: HandlerOutcome) -> Self {
+        self.set(index, outcome);
+        self
+    }
+
+    /// The outcome of the message at `index`, if one was given.
+    pub fn get(&self, index: usize) -> Option<HandlerOutcome> {
+        self.each.get(index).copied().flatten().or(self.all)
+    }
+}
+
+/// What a batch handler may return: a [`BatchOutcome`], or `Result<BatchOutcome, E>`
+/// with `E` an error type (an `Err` is `retry()` for every message).
+pub trait IntoBatchOutcome {
+    /// The outcome, or the failure every message of the batch shares.
+    fn into_batch_outcome(self) -> Result<BatchOutcome, Completion>;
+}
+
+impl IntoBatchOutcome for BatchOutcome {
+    fn into_batch_outcome(self) -> Result<BatchOutcome, Completion> {
+        Ok(self)
+    }
+}
+
+impl<E> IntoBatchOutcome for Result<BatchOutcome, E>
+where
+    E: Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
+{
+    fn into_batch_outcome(self) -> Result<BatchOutcome, Completion> {
+        self.map_err(|e| Completion::Failed(Cause::new(e)))
+    }
+}
+
+/// An async function usable as a batch handler: a [`Batch<T, C>`] first, then up to four
+/// arguments taken from the registration rather than from one message (`State<T>`,
+/// `Publisher`), returning a [`BatchOutcome`] or `Result<BatchOutcome, E>`.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a ruststream batch handler",
+    label = "not a batch handler",
+    note = "a batch handler is an `async fn(Batch<T>, ...)` whose further arguments (up to 4) are registration-wide extractors such as State<T> or Publisher, returning `BatchOutcome` or `Result<BatchOutcome, E>`"
+)]
+pub trait BatchHandler<T, C, Args>: Send + Sync + 'static {
+    /// Runs the function over `batch`; the further arguments are extracted from `first`,
+    /// the batch's first delivery.
+    fn call<'a>(
+        &'a self,
+        batch: Batch<T, C>,
+        first: &'a Incoming,
+    ) -> impl Future<Output = Result<BatchOutcome, Completion>> + Send + 'a;
+
+    /// What the further arguments need from the app, checked at startup.
+    fn requirements(state: &StateMap) -> Vec<String>;
+}
+
+macro_rules! impl_batch_handler {
+    ($($arg:ident),*) => {
+        impl<F, Fut, R, T, C, $($arg,)*> BatchHandler<T, C, ($($arg,)*)> for F
+        where
+            F: Fn(Batch<T, C>, $($arg),*) -> Fut + Send + Sync + 'static,
+            Fut: Future<Output = R> + Send,
+            R: IntoBatchOutcome,
+            T: Send + 'static,
+            C: 'static,
+            $($arg: FromDelivery,)*
+        {
+            #[allow(non_snake_case, unused_variables, clippy::redundant_closure_call)]
+            fn call<'a>(
+                &'a self,
+                batch: Batch<T, C>,
+                first: &'a Incoming,
+            ) -> impl Future<Output = Result<BatchOutcome, Completion>> + Send + 'a {
+                let args = (|| Ok::<_, Rejection>(($($arg::from_delivery(first)?,)*)))();
+                async move {
+                    match args {
+                        Ok(($($arg,)*)) => (self)(batch, $($arg),*).await.into_batch_outcome(),
+                        Err(rejection) => Err(Completion::Rejected(rejection)),
+                    }
+                }
+            }
+
+            #[allow(unused_mut, unused_variables)]
+            fn requirements(state: &StateMap) -> Vec<String> {
+                let mut missing = Vec::new();
+                $(missing.extend($arg::requirement(state));)*
+                missing
+            }
+        }
+    };
+}
+
+impl_batch_handler!();
+impl_batch_handler!(T1);
+impl_batch_handler!(T1, T2);
+impl_batch_handler!(T1, T2, T3);
+impl_batch_handler!(T1, T2, T3, T4);
+
+/// A batch handler as the runtime calls it (what [`on_batch`] makes; a service never
+/// names it).
+#[doc(hidden)]
+pub struct BatchService<H, T, C, Args> {
+    handler: H,
+    _types: PhantomData<fn(T, C, Args)>,
+}
+
+/// What the runtime asks of a batch registration's handler.
+pub(crate) trait CallBatch: Send + Sync + 'static {
+    /// Decodes each of `members` (a refusal for each that does not decode, `None` for
+    /// each that does) and makes the call over those that did; no call when none did.
+    fn call_batch<'a>(
+        &'a self,
+        members: &[&'a Incoming],
+        refused: &mut Vec<Option<Rejection>>,
+    ) -> Option<impl Future<Output = Result<BatchOutcome, Completion>> + Send + use<'a, Self>>;
+}
+
+impl<H, T, C, Args> CallBatch for BatchService<H, T, C, Args>
+where
+    H: BatchHandler<T, C, Args>,
+    T: DeserializeOwned + Send + 'static,
+    C: Codec,
+    Args: 'static,
+{
+    fn call_batch<'a>(
+        &'a self,
+        members: &[&'a Incoming],
+        refused: &mut Vec<Option<Rejection>>,
+    ) -> Option<
+        impl Future<Output = Result<BatchOutcome, Completion>> + Send + use<'a, H, T, C, Args>,
+    > {
+        let mut items = Vec::with_capacity(members.len());
+        let mut first = None;
+        refused.clear();
+        for incoming in members {
+            match decode::<T, C>(incoming) {
+                Ok(item) => {
+                    first.get_or_insert(*incoming);
+                    items.push(item);
+                    refused.push(None);
+                }
+                Err(rejection) => refused.push(Some(rejection)),
+            }
+        }
+        let batch = Batch {
+            items,
+            codec: PhantomData,
+        };
+        Some(self.handler.call(batch, first?))
+    }
+}
+
+fn decode<T: DeserializeOwned, C: Codec>(incoming: &Incoming) -> Result<Item<T>, Rejection> {
+    let delivery = incoming.delivery();
+    let value = C::decode(delivery.payload_slice()).map_err(|error| {
+        Rejection::new(
+            std::any::type_name::<Batch<T, C>>(),
+            Cause::context(format!("{} decode failed", C::NAME), error),
+        )
+    })?;
+    Ok(Item {
+        value,
+        meta: Meta::from_delivery(incoming)?,
+        headers: delivery.headers().clone(),
+    })
+}
+
+/// How a batch is cut: at `max_batch` messages, or `max_wait` after its first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct BatchLimits {
+    pub(crate) max_batch: usize,
+    pub(crate) max_wait: std::time::Duration,
+}
+
+/// The messages a batch holds at most unless set.
+pub const DEFAULT_MAX_BATCH: usize = 100;
+
+/// How long a batch waits for more after its first message unless set.
+pub const DEFAULT_MAX_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
+
+impl BatchLimits {
+    /// What is wrong with these limits under `max_in_flight`, if anything.
+    pub(crate) fn violation(self, max_in_flight: usize) -> Option<String> {
+        if self.max_batch == 0 {
+            return Some("max_batch must be at least 1".to_owned());
+        }
+        (self.max_batch > max_in_flight).then(|| {
+            format!(
+                "max_batch({}) is above max_in_flight({max_in_flight}), so a batch could never \
+                 fill; raise max_in_flight or lower max_batch",
+                self.max_batch
+            )
+        })
+    }
+}
+
+impl Default for BatchLimits {
+    fn default() -> Self {
+        Self {
+            max_batch: DEFAULT_MAX_BATCH,
+            max_wait: DEFAULT_MAX_WAIT,
+        }
+    }
+}
+
+/// Binds a batch `handler` to `descriptor` (see the [module](self)). The registration
+/// takes every option of [`on`](crate::on)'s (`max_attempts`, `dead_letter`, `lanes`,
+/// `timeout`...) and [`max_batch`](Registration::max_batch) (default
+/// [`DEFAULT_MAX_BATCH`]) and [`max_wait`](Registration::max_wait) (default
+/// [`DEFAULT_MAX_WAIT`]); not middleware layers, which wrap one message's handling.
+pub fn on_batch<D, H, T, C, Args>(
+    descriptor: D,
+    handler: H,
+) -> Registration<D, BatchService<H, T, C, Args>>
+where
+    D: Descriptor,
+    H: BatchHandler<T, C, Args>,
+    T: DeserializeOwned + Send + 'static,
+    C: Codec,
+    Args: 'static,
+{
+    Registration {
+        name: short_type_name::<H>(),
+        descriptor,
+        service: BatchService {
+            handler,
+            _types: PhantomData,
+        },
+        requirements: H::requirements,
+        options: Options {
+            batch: Some(BatchLimits::default()),
+            ..Options::default()
+        },
+        mount: crate::runtime::mount_batches::<D, BatchService<H, T, C, Args>>,
+    }
+}
+
+impl<D: Descriptor, H, T, C, Args> Registration<D, BatchService<H, T, C, Args>> {
+    /// The most messages one batch holds (default [`DEFAULT_MAX_BATCH`]); at most
+    /// `max_in_flight`.
+    pub fn max_batch(mut self, n: usize) -> Self {
+        if let Some(limits) = &mut self.options.batch {
+            limits.max_batch = n;
+        }
+        self
+    }
+
+    /// How long a batch waits for more messages after its first (default
+    /// [`DEFAULT_MAX_WAIT`]); zero hands over whatever was read at once.
+    pub fn max_wait(mut self, wait: std::time::Duration) -> Self {
+        if let Some(limits) = &mut self.options.batch {
+            limits.max_wait = wait;
+        }
+        self
+    }
+}

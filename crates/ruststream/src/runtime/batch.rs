@@ -1,0 +1,152 @@
+//! What a batch lane does with one batch: decode each delivery, call the handler once,
+//! and conclude each delivery alone, as a single delivery's lane would
+//! ([`lane::conclude`]).
+
+use std::pin::pin;
+
+use ruststream_core::Cause;
+
+use super::copy;
+use super::lane::{self, Concluded};
+use super::lanes::Finished;
+use super::shared::{Fate, Shared};
+use super::unwind::{CatchUnwind, Report};
+use crate::batch::{BatchOutcome, CallBatch};
+use crate::extract::{Incoming, Rejection};
+use crate::middleware::Completion;
+use crate::ops::Instruments;
+
+/// How one call ended for one delivery, and a panic's report (given to the first only).
+type Ended = (Completion, Option<Box<Report>>);
+
+/// Runs a batch; returns, in its order, what each delivery came to. Deliveries the plan
+/// runs again in place (Kafka `Commit::Tracked`) run again as a batch of their own, after
+/// the floor, before the lane's next batch.
+// The boxes travel back to the lanes for reuse: boxed on purpose.
+#[allow(clippy::vec_box)]
+pub(crate) async fn handle_batch<S: CallBatch>(
+    shared: &Shared<S>,
+    members: Vec<Box<Incoming>>,
+) -> Vec<Finished> {
+    let mut finished: Vec<Option<Finished>> = (0..members.len()).map(|_| None).collect();
+    let mut todo = Vec::with_capacity(members.len());
+    for (i, incoming) in members.into_iter().enumerate() {
+        if copy::owes_dead_letter(shared, incoming.delivery()) {
+            let settle = copy::dead_letter_again(shared, incoming.delivery()).await;
+            finished[i] = Some((Fate::Settle(settle), Some(incoming)));
+        } else {
+            todo.push((i, incoming));
+        }
+    }
+    let (mut reruns, mut refused) = (0, Vec::new());
+    while !todo.is_empty() {
+        let called = shared.metrics.as_ref().map(Instruments::now);
+        let ended = call(shared, &todo, &mut refused).await;
+        let mut again = Vec::new();
+        for ((i, incoming), (completion, report)) in todo.drain(..).zip(ended) {
+            if let Some(settle) = lane::settled_as_planned(shared, incoming.delivery(), &completion)
+            {
+                finished[i] = Some((Fate::Settle(settle), Some(incoming)));
+                continue;
+            }
+            match lane::conclude(shared, incoming, completion, report, called).await {
+                Concluded::Finished(done) => finished[i] = Some(done),
+                Concluded::Rerun(incoming) => again.push((i, incoming)),
+            }
+        }
+        if again.is_empty() {
+            break;
+        }
+        reruns += 1;
+        if !lane::rerun_after_floor(shared, reruns).await {
+            // Stopping: left unsettled, the broker brings them back.
+            for (i, incoming) in again {
+                finished[i] = Some((Fate::HandedBack, Some(incoming)));
+            }
+            break;
+        }
+        for (_, incoming) in &mut again {
+            incoming.count_attempt();
+        }
+        todo = again;
+    }
+    finished
+        .into_iter()
+        .map(|done| done.expect("every delivery of a batch is concluded"))
+        .collect()
+}
+
+/// One call of the handler over `todo`: how it ended for each delivery, in order. A
+/// delivery that does not decode is refused alone; the handler's `Err`, panic or
+/// deadline is every other delivery's.
+async fn call<S: CallBatch>(
+    shared: &Shared<S>,
+    todo: &[(usize, Box<Incoming>)],
+    refused: &mut Vec<Option<Rejection>>,
+) -> Vec<Ended> {
+    let members: Vec<&Incoming> = todo.iter().map(|(_, incoming)| &**incoming).collect();
+    let result = match shared.service.call_batch(&members, refused) {
+        // Nothing decoded, so no call (never an empty batch): every one is refused, and
+        // this outcome is never read.
+        None => Ok(BatchOutcome::ack_all()),
+        Some(call) => {
+            if let Some(metrics) = &shared.metrics {
+                metrics.observe_batch(refused.iter().filter(|r| r.is_none()).count());
+            }
+            let future = pin!(CatchUnwind(pin!(call)));
+            match lane::within_deadline(shared, future).await {
+                Ok(Ok(outcome)) => Ok(outcome),
+                Ok(Err(completion)) => Err((completion, None)),
+                Err(failed) => Err(failed),
+            }
+        }
+    };
+    each(result, refused, shared)
+}
+
+/// The call's result spread over its deliveries.
+fn each<S>(
+    result: Result<BatchOutcome, Ended>,
+    refused: &mut Vec<Option<Rejection>>,
+    shared: &Shared<S>,
+) -> Vec<Ended> {
+    let handed = refused.iter().filter(|r| r.is_none()).count();
+    let mut report = None;
+    let answer = result.map_err(|(failure, caught)| {
+        report = caught;
+        failure
+    });
+    if let Ok(outcome) = &answer
+        && (0..handed).any(|at| outcome.get(at).is_none())
+    {
+        tracing::error!(
+            registration = &*shared.registration,
+            batch = handed,
+            "the batch handler gave no outcome for some messages of its batch; those are retried"
+        );
+    }
+    let mut index = 0;
+    refused
+        .drain(..)
+        .map(|refusal| {
+            if let Some(rejection) = refusal {
+                return (Completion::Rejected(rejection), None);
+            }
+            let at = index;
+            index += 1;
+            match &answer {
+                Ok(outcome) => match outcome.get(at) {
+                    Some(given) => (Completion::Outcome(given), None),
+                    None => {
+                        let missing = format!(
+                            "the batch handler gave no outcome for message {at} of {handed}"
+                        );
+                        (Completion::Failed(Cause::new(missing)), None)
+                    }
+                },
+                // The panic's report (its backtrace) once, with the first delivery.
+                Err(failure) => (failure.clone(), report.take()),
+            }
+        })
+        .collect()
+}
