@@ -96,6 +96,38 @@ pub(crate) struct Options {
     pub(crate) batch: Option<BatchLimits>,
 }
 
+impl Options {
+    /// The numbers out of their bounds (SPEC E4), one string each.
+    fn out_of_bounds(&self) -> Vec<String> {
+        let mut broken = Vec::new();
+        if self.max_attempts == Some(0) {
+            broken.push(
+                "max_attempts must be at least 1 (the first delivery is attempt 1)".to_owned(),
+            );
+        }
+        if self.lanes == 0 {
+            broken.push("lanes must be at least 1".to_owned());
+        }
+        if self.lanes > MAX_LANES {
+            broken.push(format!(
+                "lanes({}) is above the bound of {MAX_LANES}; split the work over registrations",
+                self.lanes
+            ));
+        }
+        if self.max_in_flight == 0 {
+            broken.push("max_in_flight must be at least 1".to_owned());
+        }
+        broken.extend(
+            self.batch
+                .and_then(|limits| limits.violation(self.max_in_flight)),
+        );
+        if self.timeout.is_some_and(|d| d.is_zero()) {
+            broken.push("the handler timeout must be longer than zero".to_owned());
+        }
+        broken
+    }
+}
+
 /// How many deliveries a subscription holds at most unless set (SPEC G5).
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 1024;
 
@@ -248,31 +280,7 @@ impl<D: Descriptor, S> Registration<D, S> {
         let declaration = self.declaration();
         let capabilities = self.descriptor.capabilities();
         let mut broken = Vec::new();
-        if self.options.max_attempts == Some(0) {
-            broken.push(
-                "max_attempts must be at least 1 (the first delivery is attempt 1)".to_owned(),
-            );
-        }
-        if self.options.lanes == 0 {
-            broken.push("lanes must be at least 1".to_owned());
-        }
-        if self.options.lanes > MAX_LANES {
-            broken.push(format!(
-                "lanes({}) is above the bound of {MAX_LANES}; split the work over registrations",
-                self.options.lanes
-            ));
-        }
-        if self.options.max_in_flight == 0 {
-            broken.push("max_in_flight must be at least 1".to_owned());
-        }
-        broken.extend(
-            self.options
-                .batch
-                .and_then(|limits| limits.violation(self.options.max_in_flight)),
-        );
-        if self.options.timeout.is_some_and(|d| d.is_zero()) {
-            broken.push("the handler timeout must be longer than zero".to_owned());
-        }
+        broken.extend(self.options.out_of_bounds());
         if let (Some(backoff), DelayedRedelivery::Held { limit: Some(limit) }) =
             (self.options.backoff, capabilities.delayed_redelivery)
             && backoff.max() >= limit
