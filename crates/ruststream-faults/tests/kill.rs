@@ -271,9 +271,19 @@ impl Target {
 /// each in 4 lanes, so several are running), restarts it, and reports. Returns the lost
 /// count.
 async fn kill_while_handlers_run(transport: &'static str, why_lost: &str) -> usize {
+    kill_while_running(transport, "slow", why_lost).await
+}
+
+/// [`kill_while_handlers_run`] for a batch registration (`max_batch(20)`, 4 lanes, 50 ms
+/// per batch call): killed while batches run.
+async fn kill_while_batches_run(transport: &'static str) -> usize {
+    kill_while_running(transport, "batch", "").await
+}
+
+async fn kill_while_running(transport: &'static str, mode: &str, why_lost: &str) -> usize {
     let target = target(transport).await;
     let n = 200 * soak();
-    let (address, group, published, mut first) = target.first_life(n, "slow").await;
+    let (address, group, published, mut first) = target.first_life(n, mode).await;
     first
         .until(Duration::from_secs(90), "a quarter handled", |t| {
             t.done.len() >= n / 4
@@ -290,7 +300,8 @@ async fn kill_while_handlers_run(transport: &'static str, why_lost: &str) -> usi
     report.print(
         target.label,
         &format!(
-            "{n} messages, service SIGKILLed after {} acks with handlers running: {running}, restarted",
+            "{n} messages{}, service SIGKILLed after {} acks with handlers running: {running}, restarted",
+            if mode == "batch" { " to a batch handler" } else { "" },
             report.lives[0].done.len()
         ),
         why_lost,
@@ -440,4 +451,41 @@ async fn s2_redis_sigkill_while_handlers_run_loses_nothing() {
 async fn s4_redis_sigkill_during_retry_after_loses_nothing() {
     // The waits were pending in Redis: the next life claims them.
     assert_eq!(kill_during_retry_after("redis", "").await, 0);
+}
+
+/// SIGKILL while batches run: every persisting broker brings back what the killed
+/// process's batches held (K3, K6, N1, P1, R2, S2, one message at a time as alone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn n1_jetstream_sigkill_while_batches_run_loses_nothing() {
+    assert_eq!(kill_while_batches_run("jetstream").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn k3_tracked_sigkill_while_batches_run_loses_nothing() {
+    assert_eq!(kill_while_batches_run("kafka-tracked").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn k6_transactional_sigkill_while_batches_run_loses_nothing() {
+    assert_eq!(kill_while_batches_run("kafka-transactional").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn p1_pulsar_sigkill_while_batches_run_loses_nothing() {
+    assert_eq!(kill_while_batches_run("pulsar").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r2_rabbitmq_classic_sigkill_while_batches_run_loses_nothing() {
+    assert_eq!(kill_while_batches_run("rabbitmq-classic").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r2_rabbitmq_quorum_sigkill_while_batches_run_loses_nothing() {
+    assert_eq!(kill_while_batches_run("rabbitmq-quorum").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s2_redis_sigkill_while_batches_run_loses_nothing() {
+    assert_eq!(kill_while_batches_run("redis").await, 0);
 }

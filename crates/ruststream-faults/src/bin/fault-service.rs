@@ -12,7 +12,8 @@
 //!   consumer group `group`, a consumer name of this process's own, a claim timeout of
 //!   2 s so a killed life's entries come back soon).
 //! - mode: `ack` (ack at once), `slow` (work 50 ms, then ack), `hold` (the first attempt
-//!   asks `retry_after(3 s)`, later ones ack), `hang` (never returns).
+//!   asks `retry_after(3 s)`, later ones ack), `hang` (never returns), `batch` (a batch
+//!   registration, `max_batch(20)`: per batch one call that works 50 ms, then acks all).
 //!
 //! It runs until SIGINT or SIGTERM (`Running::until_signal`); `FAULT_SHUTDOWN_MS` and
 //! `FAULT_CLOSE_MS` set the app's shutdown and close timeouts.
@@ -24,8 +25,9 @@
 use std::io::Write;
 use std::time::Duration;
 
+use ruststream::batch::Batch;
 use ruststream::core::Descriptor;
-use ruststream::{App, Delivery, HandlerOutcome, on};
+use ruststream::{App, BatchOutcome, Codec, Delivery, HandlerOutcome, on, on_batch};
 use ruststream_faults::HOLD;
 use ruststream_kafka::{Commit, EosPipeline, Kafka};
 use ruststream_nats::Nats;
@@ -41,6 +43,48 @@ enum Mode {
     Slow,
     Hold,
     Hang,
+    Batch,
+}
+
+/// The payload as text (the tests publish `m-<n>`, not JSON).
+struct Text;
+
+impl Codec for Text {
+    const NAME: &'static str = "text";
+
+    fn decode<T: serde::de::DeserializeOwned>(
+        payload: &[u8],
+    ) -> Result<T, Box<dyn std::error::Error + Send + Sync>> {
+        let text = std::str::from_utf8(payload)?;
+        T::deserialize(serde::de::value::StrDeserializer::<serde::de::value::Error>::new(text))
+            .map_err(Into::into)
+    }
+
+    fn encode<T: serde::Serialize + ?Sized>(
+        _: &T,
+    ) -> Result<Vec<u8>, Box<dyn std::error::Error + Send + Sync>> {
+        Err("the fault service does not publish".into())
+    }
+}
+
+/// The `batch` mode's handler: one line per message on entry and after the work.
+async fn handle_batch(batch: Batch<String, Text>) -> BatchOutcome {
+    for item in &batch {
+        say(&format!(
+            "start {} {}",
+            item.value,
+            item.meta.attempt.number()
+        ));
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    for item in &batch {
+        say(&format!(
+            "done {} {}",
+            item.value,
+            item.meta.attempt.number()
+        ));
+    }
+    BatchOutcome::ack_all()
 }
 
 fn say(line: &str) {
@@ -62,6 +106,7 @@ async fn handle(d: Delivery, mode: Mode) -> HandlerOutcome {
         }
         Mode::Hold => {}
         Mode::Hang => std::future::pending::<()>().await,
+        Mode::Batch => unreachable!("the batch mode registers a batch handler"),
     }
     say(&format!("done {payload} {attempt}"));
     HandlerOutcome::ack()
@@ -82,14 +127,22 @@ async fn serve<D: Descriptor>(descriptor: D, mode: Mode) -> Result<(), Box<dyn s
     if let Some(timeout) = millis("FAULT_CLOSE_MS") {
         app = app.close_timeout(timeout);
     }
-    let running = app
-        .register(
+    let app = if matches!(mode, Mode::Batch) {
+        app.register(
+            on_batch(descriptor, handle_batch)
+                .name("fault-service")
+                .lanes(4)
+                .max_batch(20)
+                .max_wait(Duration::from_millis(20)),
+        )
+    } else {
+        app.register(
             on(descriptor, move |d: Delivery| handle(d, mode))
                 .name("fault-service")
                 .lanes(4),
         )
-        .start()
-        .await?;
+    };
+    let running = app.start().await?;
     say("ready");
     running.until_signal().await;
     say("stopped");
@@ -123,7 +176,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "slow" => Mode::Slow,
         "hold" => Mode::Hold,
         "hang" => Mode::Hang,
-        other => return Err(format!("unknown mode `{other}`: ack, slow, hold or hang").into()),
+        "batch" => Mode::Batch,
+        other => {
+            return Err(format!("unknown mode `{other}`: ack, slow, hold, hang or batch").into());
+        }
     };
     match transport.as_str() {
         "core" => {
