@@ -29,6 +29,7 @@ pages! {
     Operating => "operating.md",
     Defaults => "defaults.md",
     Failures => "failures.md",
+    Batches => "batches.md",
     Installing => "installing.md",
     Kubernetes => "kubernetes.md",
     Brokers => "brokers.md",

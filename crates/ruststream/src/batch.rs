@@ -416,3 +416,74 @@ impl<D: Descriptor, H, T, C, Args> Registration<D, BatchService<H, T, C, Args>> 
         self
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::memory::MemoryBroker;
+    use crate::{App, StartError};
+
+    #[test]
+    fn an_outcome_for_all_with_exceptions_by_index() {
+        let outcome = BatchOutcome::ack_all().with(2, HandlerOutcome::retry());
+        assert_eq!(outcome.get(0), Some(HandlerOutcome::ack()));
+        assert_eq!(outcome.get(2), Some(HandlerOutcome::retry()));
+        assert_eq!(outcome.get(9), Some(HandlerOutcome::ack()));
+        let each = BatchOutcome::each([HandlerOutcome::drop(), HandlerOutcome::ack()]);
+        assert_eq!(each.get(0), Some(HandlerOutcome::drop()));
+        assert_eq!(each.get(1), Some(HandlerOutcome::ack()));
+        assert_eq!(
+            each.get(2),
+            None,
+            "past the list: no outcome (retried, logged)"
+        );
+        let mut set = BatchOutcome::each([]);
+        set.set(1, HandlerOutcome::retry_after(Duration::from_secs(1)));
+        assert_eq!(set.get(0), None);
+        assert_eq!(
+            set.get(1),
+            Some(HandlerOutcome::retry_after(Duration::from_secs(1)))
+        );
+    }
+
+    async fn ack_all(_: Batch<u32>) -> BatchOutcome {
+        BatchOutcome::ack_all()
+    }
+
+    #[tokio::test]
+    async fn e4_batch_limits_out_of_bounds_are_refused_at_start() {
+        let broker = MemoryBroker::new();
+        let refused = App::new()
+            .register(
+                on_batch(broker.topic("a"), ack_all)
+                    .name("empty")
+                    .max_batch(0),
+            )
+            .register(
+                on_batch(broker.topic("b"), ack_all)
+                    .name("unfillable")
+                    .max_in_flight(10)
+                    .max_batch(11),
+            )
+            .start()
+            .await;
+        let Err(StartError::Invalid(violations)) = refused else {
+            panic!("started with batch limits out of bounds");
+        };
+        let rules: Vec<(&str, &str)> = violations
+            .iter()
+            .map(|v| (v.registration.as_str(), v.rule.as_str()))
+            .collect();
+        assert!(
+            rules.contains(&("empty", "max_batch must be at least 1")),
+            "{rules:?}"
+        );
+        assert!(
+            rules.iter().any(|(name, rule)| *name == "unfillable"
+                && rule.contains("max_batch(11) is above max_in_flight(10)")),
+            "{rules:?}"
+        );
+    }
+}
