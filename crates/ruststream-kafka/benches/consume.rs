@@ -9,14 +9,14 @@
 //!
 //! Run with `cargo bench -p ruststream-kafka --bench consume`.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use ruststream_test_support::bench::{
-    Figures, Side, Span, env_count, in_turn, load_average, own_thread, report,
+    Figures, Side, Span, env_count, in_turn, load_average, own_thread, register, report,
 };
 use std::time::{Duration, Instant};
 
-use ruststream::{App, HandlerOutcome, Headers, Message, State, on};
+use ruststream::{App, Headers};
 use ruststream_kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use ruststream_kafka::rdkafka::client::DefaultClientContext;
 use ruststream_kafka::rdkafka::config::ClientConfig;
@@ -41,15 +41,6 @@ static RECORDS: std::sync::LazyLock<usize> =
     std::sync::LazyLock::new(|| env_count("BENCH_RECORDS", 100_000));
 static ROUNDS: std::sync::LazyLock<usize> =
     std::sync::LazyLock::new(|| env_count("BENCH_ROUNDS", 3));
-
-async fn handle(
-    Message(tick): Message<Tick>,
-    State(span): State<Arc<Mutex<Span>>>,
-) -> HandlerOutcome {
-    std::hint::black_box(tick);
-    Span::hit(&span);
-    HandlerOutcome::ack()
-}
 
 fn settings(config: &mut ClientConfig) -> &mut ClientConfig {
     config
@@ -87,17 +78,14 @@ async fn raw(brokers: String, topic: String, group: String) -> Figures {
 async fn framework(kafka: Kafka, topic: String, group: String) -> Figures {
     own_thread(Side::Ruststream, move || async move {
         let span = Span::new(*RECORDS);
-        let running = App::new()
-            .state(Arc::clone(&span))
-            .register(on(
-                kafka
-                    .topic(topic)
-                    .group(group)
-                    .commit(Commit::Tracked)
-                    .set("session.timeout.ms", "6000")
-                    .set("heartbeat.interval.ms", "500"),
-                handle,
-            ))
+        let topic = kafka
+            .topic(topic)
+            .group(group)
+            .commit(Commit::Tracked)
+            .set("session.timeout.ms", "6000")
+            .set("heartbeat.interval.ms", "500");
+        // `on(topic, handle)`, or `on_batch` with BENCH_BATCH=n.
+        let running = register(App::new().state(Arc::clone(&span)), topic)
             .start()
             .await
             .expect("start");

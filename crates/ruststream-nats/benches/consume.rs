@@ -6,16 +6,16 @@
 //!
 //! Run with `cargo bench -p ruststream-nats --bench consume` (scripts/test starts a server).
 
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::StreamExt;
-use ruststream::{App, HandlerOutcome, Message, State, on};
+use ruststream::App;
 use ruststream_nats::Nats;
 use ruststream_nats::async_nats::jetstream::{self, consumer::pull, stream};
 use ruststream_test_support::bench::{
-    Figures, Side, Span, env_count, in_turn, load_average, own_thread, report,
+    Figures, Side, Span, env_count, in_turn, load_average, own_thread, register, report,
 };
 use serde::Deserialize;
 
@@ -35,15 +35,6 @@ const PAYLOAD: &[u8] = br#"{"id":123456,"price":4200,"qty":7,"buy":true}"#;
 static CORE_MESSAGES: LazyLock<usize> = LazyLock::new(|| env_count("BENCH_MESSAGES", 200_000));
 static JS_MESSAGES: LazyLock<usize> = LazyLock::new(|| *CORE_MESSAGES / 2);
 static ROUNDS: LazyLock<usize> = LazyLock::new(|| env_count("BENCH_ROUNDS", 3));
-
-async fn handle(
-    Message(tick): Message<Tick>,
-    State(span): State<Arc<Mutex<Span>>>,
-) -> HandlerOutcome {
-    std::hint::black_box(tick);
-    Span::hit(&span);
-    HandlerOutcome::ack()
-}
 
 fn decode(payload: &[u8]) {
     let tick: Tick = serde_json::from_slice(payload).expect("decodes");
@@ -111,9 +102,8 @@ async fn core_framework(publisher: &Nats, service: &Nats, round: usize, metrics:
         (service.clone(), Arc::clone(&span), subject.clone());
     let (ready_tx, ready) = tokio::sync::oneshot::channel();
     let consumer = tokio::spawn(own_thread(Side::Ruststream, move || async move {
-        let app = App::new()
-            .state(Arc::clone(&consumer_span))
-            .register(on(service.subject(&consumer_subject), handle));
+        let app = App::new().state(Arc::clone(&consumer_span));
+        let app = register(app, service.subject(&consumer_subject));
         let app = if metrics { app.metrics() } else { app };
         let running = app.start().await.unwrap();
         service.client().flush().await.unwrap();
@@ -212,9 +202,8 @@ async fn jetstream_framework(nats: &Nats, round: usize) -> Figures {
     let (service, consumer_name) = (nats.clone(), name.clone());
     let figures = own_thread(Side::Ruststream, move || async move {
         let span = Span::new(*JS_MESSAGES);
-        let running = App::new()
-            .state(Arc::clone(&span))
-            .register(on(service.consumer(&consumer_name, "framework"), handle))
+        let app = App::new().state(Arc::clone(&span));
+        let running = register(app, service.consumer(&consumer_name, "framework"))
             .start()
             .await
             .unwrap();

@@ -69,6 +69,19 @@ impl Span {
         }
     }
 
+    /// `n` messages handled at once (a batch), on the consuming thread.
+    pub fn hit_many(span: &Mutex<Self>, n: usize) {
+        let mut span = span.lock().unwrap_or_else(PoisonError::into_inner);
+        let before = span.count;
+        span.count += n;
+        if before == 0 {
+            span.first = Some((Instant::now(), thread_cpu_ns()));
+        }
+        if before < span.target && span.count >= span.target {
+            span.last = Some((Instant::now(), thread_cpu_ns()));
+        }
+    }
+
     /// Waits (on the consuming thread) until `target` messages came, or none came for
     /// `quiet` after the first one (messages lost), or `limit` passed (panics).
     pub async fn wait(span: &Mutex<Self>, quiet: std::time::Duration, limit: std::time::Duration) {
@@ -196,9 +209,8 @@ where
 {
     own_thread(Side::Ruststream, move || async move {
         let span = Span::new(messages);
-        let running = ruststream::App::new()
-            .state(Arc::clone(&span))
-            .register(ruststream::on(descriptor(), handle))
+        let app = ruststream::App::new().state(Arc::clone(&span));
+        let running = register(app, descriptor())
             .start()
             .await
             .expect("start");
@@ -208,6 +220,28 @@ where
         figures
     })
     .await
+}
+
+/// Messages per batch on the ruststream side: `BENCH_BATCH` (unset or 0: one message per
+/// call, as `on` registers).
+pub fn batch_size() -> usize {
+    env_count("BENCH_BATCH", 0)
+}
+
+/// Registers the benchmarks' handler on `descriptor`: [`handle`] through `on`, or, with
+/// `BENCH_BATCH=n`, [`handle_batch`] through `on_batch` with `max_batch(n)`.
+pub fn register<D: ruststream::core::Descriptor>(
+    app: ruststream::App,
+    descriptor: D,
+) -> ruststream::App {
+    match batch_size() {
+        0 => app.register(ruststream::on(descriptor, handle)),
+        n => app.register(
+            ruststream::on_batch(descriptor, handle_batch)
+                .max_batch(n)
+                .max_wait(std::time::Duration::from_millis(5)),
+        ),
+    }
 }
 
 /// Runs both sides of one round, `raw` first on even rounds and `framework` first on odd
@@ -285,4 +319,15 @@ pub async fn handle(
     std::hint::black_box(tick);
     Span::hit(&span);
     ruststream::HandlerOutcome::ack()
+}
+
+/// The benchmarks' batch handler: every element decoded (by the `Batch` extractor),
+/// counted, all acked.
+pub async fn handle_batch(
+    batch: ruststream::batch::Batch<Tick>,
+    ruststream::State(span): ruststream::State<Arc<Mutex<Span>>>,
+) -> ruststream::BatchOutcome {
+    std::hint::black_box(&*batch);
+    Span::hit_many(&span, batch.len());
+    ruststream::BatchOutcome::ack_all()
 }
