@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use rdkafka::TopicPartitionList;
-use rdkafka::error::KafkaResult;
+use rdkafka::error::{KafkaError, KafkaResult};
 
 use crate::context::Moves;
 use crate::receipt::KafkaReceipt;
@@ -19,6 +19,8 @@ struct PartitionState {
     /// A one-partition list kept for storing its offset (`Commit::Tracked`): storing by
     /// topic name makes rdkafka build and free a native topic handle on every call.
     store: Option<TopicPartitionList>,
+    /// The offset to store at the next [`Book::store_due`] (where the group resumes).
+    due: Option<i64>,
 }
 
 /// The subscription's bookkeeping, apart from the consumer: trackers per partition and
@@ -30,6 +32,8 @@ pub(crate) struct Book {
     partitions: Vec<PartitionState>,
     last: usize,
     seen_epoch: u64,
+    /// Some partition has an offset to store.
+    any_due: bool,
 }
 
 impl Book {
@@ -39,6 +43,7 @@ impl Book {
             partitions: Vec::new(),
             last: 0,
             seen_epoch: 0,
+            any_due: false,
         }
     }
 
@@ -59,6 +64,8 @@ impl Book {
             if generation != state.generation {
                 state.tracker = OffsetTracker::new();
                 state.generation = generation;
+                // Its next reader starts from the committed offset (K5).
+                state.due = None;
             }
         }
     }
@@ -82,6 +89,7 @@ impl Book {
                     tracker: OffsetTracker::new(),
                     generation: self.moves.generation(topic, partition),
                     store: None,
+                    due: None,
                 });
                 self.partitions.len() - 1
             }
@@ -136,21 +144,49 @@ impl Book {
         state.tracker.settled(receipt.offset)
     }
 
-    /// The list that stores `resume_at` as the position of `receipt`'s partition.
+    /// Stores `resume_at` as the position of `receipt`'s partition at the next
+    /// [`store_due`](Self::store_due): a batch's settlements store once per partition.
     #[inline]
-    pub(crate) fn store_list(
+    pub(crate) fn store_later(&mut self, receipt: &KafkaReceipt, resume_at: i64) {
+        self.partitions[receipt.slot].due = Some(resume_at);
+        self.any_due = true;
+    }
+
+    /// Stores every position settled since the last call, one call per partition;
+    /// `failed` hears of each that could not be stored (topic, partition, offset, why).
+    #[inline]
+    pub(crate) fn store_due(
         &mut self,
-        receipt: &KafkaReceipt,
-        resume_at: i64,
-    ) -> KafkaResult<&TopicPartitionList> {
-        let state = &mut self.partitions[receipt.slot];
-        let list = state.store.get_or_insert_with(|| {
-            let mut list = TopicPartitionList::with_capacity(1);
-            list.add_partition(&state.topic, state.partition);
-            list
-        });
-        list.set_all_offsets(rdkafka::Offset::Offset(resume_at))?;
-        Ok(list)
+        store: impl Fn(&TopicPartitionList) -> KafkaResult<()>,
+        failed: impl Fn(&str, i32, i64, KafkaError),
+    ) {
+        if self.any_due {
+            self.store_each(store, failed);
+        }
+    }
+
+    fn store_each(
+        &mut self,
+        store: impl Fn(&TopicPartitionList) -> KafkaResult<()>,
+        failed: impl Fn(&str, i32, i64, KafkaError),
+    ) {
+        self.any_due = false;
+        for state in &mut self.partitions {
+            let Some(resume_at) = state.due.take() else {
+                continue;
+            };
+            let list = state.store.get_or_insert_with(|| {
+                let mut list = TopicPartitionList::with_capacity(1);
+                list.add_partition(&state.topic, state.partition);
+                list
+            });
+            let stored = list
+                .set_all_offsets(rdkafka::Offset::Offset(resume_at))
+                .and_then(|()| store(list));
+            if let Err(e) = stored {
+                failed(&state.topic, state.partition, resume_at, e);
+            }
+        }
     }
 
     pub(crate) fn stored(&self, topic: &str, partition: i32) -> Option<i64> {

@@ -376,30 +376,43 @@ impl KafkaSubscription {
             (Mode::Tracked, Settle::Ack | Settle::Drop) => {
                 // Nothing to store when the position did not move, or when the delivery
                 // was read before its partition moved: the partition's next reader
-                // starts from the committed offset anyway (K5).
-                let Some(position) = self.book.settled(receipt) else {
-                    return Ok(());
-                };
-                let Some(consumer) = self.consumer.as_ref() else {
-                    return Ok(());
-                };
-                // The group resumes from the record after the position.
-                let stored = self
-                    .book
-                    .store_list(receipt, position + 1)
-                    .and_then(|list| consumer.store_offsets(list));
-                stored.map_err(|e| {
-                    let topic = self.book.topic(receipt);
-                    AckError::Failed(Cause::context(
-                        format!("storing offset {position} of {topic}/{}", receipt.partition),
-                        e,
-                    ))
-                })
+                // starts from the committed offset anyway (K5). The group resumes from
+                // the record after the position, stored before the next poll (a
+                // batch's settlements store once per partition).
+                if let Some(position) = self.book.settled(receipt) {
+                    self.book.store_later(receipt, position + 1);
+                }
+                Ok(())
             }
             (Mode::Tracked, other) => Err(AckError::failed(format!(
                 "{other:?} has no meaning on Kafka"
             ))),
         }
+    }
+
+    /// Stores the positions settled since the last poll (`Commit::Tracked`), before the
+    /// consumer is polled again (a rebalance runs inside a poll, and its commit must see
+    /// them) and before it closes. A failure is logged: the records after the last
+    /// stored position are read again by the partition's next reader (at least once).
+    #[inline]
+    fn store_settled(&mut self) {
+        let Some(consumer) = self.consumer.as_ref() else {
+            return;
+        };
+        let address = &*self.address;
+        self.book.store_due(
+            |list| consumer.store_offsets(list),
+            |topic, partition, offset, error| {
+                tracing::warn!(
+                    address,
+                    topic,
+                    partition,
+                    offset,
+                    %error,
+                    "storing the settled position failed; the records after the last stored one may be read again"
+                );
+            },
+        );
     }
 
     /// The stored position of a partition (`Commit::Tracked`), for tests and metrics.
@@ -467,6 +480,7 @@ impl Subscription for KafkaSubscription {
             return Poll::Ready(None);
         };
         let consumer = Arc::clone(consumer);
+        self.store_settled();
         if let Some((delivery, receipt)) = self.early.pop_front() {
             *slot = delivery;
             return Poll::Ready(Some(Ok(receipt)));
@@ -517,6 +531,7 @@ impl Subscription for KafkaSubscription {
             // hold records without bound, until deliveries settle.
             return std::future::pending().await;
         }
+        self.store_settled();
         self.pause(&consumer);
         match self.poll(&consumer).await {
             // From a partition assigned since the last pause (paused next round), or one
@@ -538,6 +553,7 @@ impl Subscription for KafkaSubscription {
     }
 
     async fn close(mut self) {
+        self.store_settled();
         if let (Some(window), Some(consumer)) = (self.window.take(), self.consumer.as_ref()) {
             window
                 .finish(consumer, &self.book.moves, self.close_timeout)

@@ -210,10 +210,7 @@ where
     own_thread(Side::Ruststream, move || async move {
         let span = Span::new(messages);
         let app = ruststream::App::new().state(Arc::clone(&span));
-        let running = register(app, descriptor())
-            .start()
-            .await
-            .expect("start");
+        let running = register(app, descriptor()).start().await.expect("start");
         Span::wait(&span, limit, limit).await;
         let figures = Span::figures(&span);
         running.stop().await;

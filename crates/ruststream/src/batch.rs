@@ -2,7 +2,7 @@
 //!
 //! [`on_batch`] binds a handler whose first argument is a [`Batch<T>`]: up to
 //! [`max_batch`](Registration::max_batch) messages of one lane, decoded one by one, each
-//! with its own [`Meta`] (attempt, key, address, broker position) and headers. It returns
+//! an [`Item`] with its delivery (attempt, key, headers, broker position). It returns
 //! a [`BatchOutcome`]: one [`HandlerOutcome`] per message, so each message settles
 //! exactly as it would alone (attempts, `max_attempts`, dead letters and retry copies are
 //! per message).
@@ -46,7 +46,10 @@ use std::future::Future;
 use std::marker::PhantomData;
 use std::ops::Deref;
 
-use ruststream_core::{Cause, Descriptor, HandlerOutcome, Headers};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use ruststream_core::{Attempt, Cause, Delivery, Descriptor, HandlerOutcome, Headers};
 use serde::de::DeserializeOwned;
 
 use crate::codec::{Codec, Json};
@@ -63,16 +66,59 @@ pub struct Batch<T, C = Json> {
     codec: PhantomData<fn() -> C>,
 }
 
-/// One message of a batch: its decoded value, where it came from, its headers.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
+/// One message of a batch: its decoded value, and the delivery it came in (its attempt,
+/// key, headers and broker position, each read only when asked: reading a Kafka
+/// record's headers costs about a thousand instructions).
+///
+/// An item kept past the handler's call keeps the batch's deliveries (and the client's
+/// buffers they hold) alive until it is dropped; the runtime settles with copies then.
+#[derive(Clone)]
 pub struct Item<T> {
     /// The decoded payload.
     pub value: T,
-    /// Its attempt, key, address and broker position.
-    pub meta: Meta,
-    /// Its headers.
-    pub headers: Headers,
+    members: Arc<Members>,
+    index: usize,
+}
+
+/// The deliveries of one batch call, shared by its items while the call runs.
+// The boxes travel back to the lanes for reuse: boxed on purpose.
+#[allow(clippy::vec_box)]
+pub(crate) struct Members(pub(crate) Vec<Box<Incoming>>);
+
+impl<T> Item<T> {
+    /// The delivery as received.
+    pub fn delivery(&self) -> &Delivery {
+        self.members.0[self.index].delivery()
+    }
+
+    /// Which attempt this is (1 for the first delivery).
+    pub fn attempt(&self) -> Attempt {
+        self.delivery().attempt()
+    }
+
+    /// The key, if any.
+    pub fn key(&self) -> Option<&Bytes> {
+        self.delivery().key()
+    }
+
+    /// The headers.
+    pub fn headers(&self) -> &Headers {
+        self.delivery().headers()
+    }
+
+    /// Where and how it arrived, as the [`Meta`] extractor gives it.
+    pub fn meta(&self) -> Meta {
+        Meta::of(self.delivery())
+    }
+}
+
+impl<T: std::fmt::Debug> std::fmt::Debug for Item<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Item")
+            .field("value", &self.value)
+            .field("delivery", self.delivery())
+            .finish()
+    }
 }
 
 impl<T, C> Batch<T, C> {
@@ -272,7 +318,7 @@ pub(crate) trait CallBatch: Send + Sync + 'static {
     /// each that does) and makes the call over those that did; no call when none did.
     fn call_batch<'a>(
         &'a self,
-        members: &[&'a Incoming],
+        members: &'a Arc<Members>,
         refused: &mut Vec<Option<Rejection>>,
     ) -> Option<impl Future<Output = Result<BatchOutcome, Completion>> + Send + use<'a, Self>>;
 }
@@ -286,19 +332,23 @@ where
 {
     fn call_batch<'a>(
         &'a self,
-        members: &[&'a Incoming],
+        members: &'a Arc<Members>,
         refused: &mut Vec<Option<Rejection>>,
     ) -> Option<
         impl Future<Output = Result<BatchOutcome, Completion>> + Send + use<'a, H, T, C, Args>,
     > {
-        let mut items = Vec::with_capacity(members.len());
+        let mut items = Vec::with_capacity(members.0.len());
         let mut first = None;
         refused.clear();
-        for incoming in members {
+        for (index, incoming) in members.0.iter().enumerate() {
             match decode::<T, C>(incoming) {
-                Ok(item) => {
-                    first.get_or_insert(*incoming);
-                    items.push(item);
+                Ok(value) => {
+                    first.get_or_insert(&**incoming);
+                    items.push(Item {
+                        value,
+                        members: Arc::clone(members),
+                        index,
+                    });
                     refused.push(None);
                 }
                 Err(rejection) => refused.push(Some(rejection)),
@@ -312,18 +362,12 @@ where
     }
 }
 
-fn decode<T: DeserializeOwned, C: Codec>(incoming: &Incoming) -> Result<Item<T>, Rejection> {
-    let delivery = incoming.delivery();
-    let value = C::decode(delivery.payload_slice()).map_err(|error| {
+fn decode<T: DeserializeOwned, C: Codec>(incoming: &Incoming) -> Result<T, Rejection> {
+    C::decode(incoming.delivery().payload_slice()).map_err(|error| {
         Rejection::new(
             std::any::type_name::<Batch<T, C>>(),
             Cause::context(format!("{} decode failed", C::NAME), error),
         )
-    })?;
-    Ok(Item {
-        value,
-        meta: Meta::from_delivery(incoming)?,
-        headers: delivery.headers().clone(),
     })
 }
 

@@ -70,19 +70,11 @@ impl Codec for Text {
 /// The `batch` mode's handler: one line per message on entry and after the work.
 async fn handle_batch(batch: Batch<String, Text>) -> BatchOutcome {
     for item in &batch {
-        say(&format!(
-            "start {} {}",
-            item.value,
-            item.meta.attempt.number()
-        ));
+        say(&format!("start {} {}", item.value, item.attempt().number()));
     }
     tokio::time::sleep(Duration::from_millis(50)).await;
     for item in &batch {
-        say(&format!(
-            "done {} {}",
-            item.value,
-            item.meta.attempt.number()
-        ));
+        say(&format!("done {} {}", item.value, item.attempt().number()));
     }
     BatchOutcome::ack_all()
 }

@@ -36,17 +36,8 @@ impl Calls {
         let call = batch
             .iter()
             .map(|item| {
-                let key = item
-                    .meta
-                    .key
-                    .as_ref()
-                    .map(|k| String::from_utf8_lossy(k).into_owned());
-                (
-                    item.value.n,
-                    item.value.seq,
-                    item.meta.attempt.number(),
-                    key,
-                )
+                let key = item.key().map(|k| String::from_utf8_lossy(k).into_owned());
+                (item.value.n, item.value.seq, item.attempt().number(), key)
             })
             .collect();
         self.lock().push(call);
@@ -91,15 +82,14 @@ pub async fn batch_outcomes_settle_each_message_as_alone(bed: impl Bed) {
         let calls = calls.clone();
         move |batch: Batch<Numbered>| {
             calls.record(&batch);
-            let outcomes =
-                batch
-                    .iter()
-                    .map(|item| match (item.value.n, item.meta.attempt.number()) {
-                        (0 | 999, _) | (2 | 3, 2..) => HandlerOutcome::ack(),
-                        (1, _) => HandlerOutcome::drop(),
-                        (2, _) | (4, _) => HandlerOutcome::retry(),
-                        _ => HandlerOutcome::retry_after(Duration::from_millis(300)),
-                    });
+            let outcomes = batch
+                .iter()
+                .map(|item| match (item.value.n, item.attempt().number()) {
+                    (0 | 999, _) | (2 | 3, 2..) => HandlerOutcome::ack(),
+                    (1, _) => HandlerOutcome::drop(),
+                    (2, _) | (4, _) => HandlerOutcome::retry(),
+                    _ => HandlerOutcome::retry_after(Duration::from_millis(300)),
+                });
             let outcome = BatchOutcome::each(outcomes.collect::<Vec<_>>());
             async move { outcome }
         }
@@ -167,7 +157,7 @@ pub async fn batch_failures_retry_every_message(bed: impl Bed) {
         let calls = calls.clone();
         move |batch: Batch<Numbered>| {
             calls.record(&batch);
-            let attempt = batch.iter().map(|i| i.meta.attempt.number()).min();
+            let attempt = batch.iter().map(|i| i.attempt().number()).min();
             async move {
                 match attempt {
                     Some(1) => Err("the bulk write failed"),

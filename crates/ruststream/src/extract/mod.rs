@@ -41,6 +41,11 @@ impl Incoming {
         &mut self.delivery
     }
 
+    /// A box of its own holding a copy of this delivery (its headers read now).
+    pub(crate) fn duplicate(&self) -> Box<Incoming> {
+        Box::new(Self::new(self.delivery.clone(), Arc::clone(&self.context)))
+    }
+
     /// The delivery runs again in place: one attempt more.
     pub(crate) fn count_attempt(&mut self) {
         self.delivery.count_attempt();

@@ -119,9 +119,15 @@ pub struct Meta {
 
 impl FromDelivery for Meta {
     fn from_delivery(incoming: &Incoming) -> Result<Self, Rejection> {
-        let d = incoming.delivery();
+        Ok(Meta::of(incoming.delivery()))
+    }
+}
+
+impl Meta {
+    /// Where and how `d` arrived.
+    pub(crate) fn of(d: &Delivery) -> Self {
         let position = d.metadata();
-        Ok(Meta {
+        Meta {
             attempt: d.attempt(),
             key: d.key().cloned(),
             address: Arc::clone(d.address_arc()),
@@ -129,7 +135,7 @@ impl FromDelivery for Meta {
             offset: position.offset,
             sequence: position.sequence,
             timestamp_ms: position.timestamp_ms,
-        })
+        }
     }
 }
 

@@ -3,6 +3,7 @@
 //! ([`lane::conclude`]).
 
 use std::pin::pin;
+use std::sync::Arc;
 
 use ruststream_core::Cause;
 
@@ -11,7 +12,7 @@ use super::lane::{self, Concluded};
 use super::lanes::Finished;
 use super::shared::{Fate, Shared};
 use super::unwind::{CatchUnwind, Report};
-use crate::batch::{BatchOutcome, CallBatch};
+use crate::batch::{BatchOutcome, CallBatch, Members};
 use crate::extract::{Incoming, Rejection};
 use crate::middleware::Completion;
 use crate::ops::Instruments;
@@ -29,21 +30,25 @@ pub(crate) async fn handle_batch<S: CallBatch>(
     members: Vec<Box<Incoming>>,
 ) -> Vec<Finished> {
     let mut finished: Vec<Option<Finished>> = (0..members.len()).map(|_| None).collect();
-    let mut todo = Vec::with_capacity(members.len());
+    let (mut at, mut todo) = (Vec::with_capacity(members.len()), Vec::new());
     for (i, incoming) in members.into_iter().enumerate() {
         if copy::owes_dead_letter(shared, incoming.delivery()) {
             let settle = copy::dead_letter_again(shared, incoming.delivery()).await;
             finished[i] = Some((Fate::Settle(settle), Some(incoming)));
         } else {
-            todo.push((i, incoming));
+            at.push(i);
+            todo.push(incoming);
         }
     }
     let (mut reruns, mut refused) = (0, Vec::new());
     while !todo.is_empty() {
         let called = shared.metrics.as_ref().map(Instruments::now);
-        let ended = call(shared, &todo, &mut refused).await;
-        let mut again = Vec::new();
-        for ((i, incoming), (completion, report)) in todo.drain(..).zip(ended) {
+        let members = Arc::new(Members(std::mem::take(&mut todo)));
+        let ended = call(shared, &members, &mut refused).await;
+        let (mut again_at, mut again) = (Vec::new(), Vec::new());
+        for ((i, incoming), (completion, report)) in
+            at.drain(..).zip(taken_back(members)).zip(ended)
+        {
             if let Some(settle) = lane::settled_as_planned(shared, incoming.delivery(), &completion)
             {
                 finished[i] = Some((Fate::Settle(settle), Some(incoming)));
@@ -51,7 +56,10 @@ pub(crate) async fn handle_batch<S: CallBatch>(
             }
             match lane::conclude(shared, incoming, completion, report, called).await {
                 Concluded::Finished(done) => finished[i] = Some(done),
-                Concluded::Rerun(incoming) => again.push((i, incoming)),
+                Concluded::Rerun(incoming) => {
+                    again_at.push(i);
+                    again.push(incoming);
+                }
             }
         }
         if again.is_empty() {
@@ -60,15 +68,15 @@ pub(crate) async fn handle_batch<S: CallBatch>(
         reruns += 1;
         if !lane::rerun_after_floor(shared, reruns).await {
             // Stopping: left unsettled, the broker brings them back.
-            for (i, incoming) in again {
+            for (i, incoming) in again_at.into_iter().zip(again) {
                 finished[i] = Some((Fate::HandedBack, Some(incoming)));
             }
             break;
         }
-        for (_, incoming) in &mut again {
+        for incoming in &mut again {
             incoming.count_attempt();
         }
-        todo = again;
+        (at, todo) = (again_at, again);
     }
     finished
         .into_iter()
@@ -76,16 +84,26 @@ pub(crate) async fn handle_batch<S: CallBatch>(
         .collect()
 }
 
-/// One call of the handler over `todo`: how it ended for each delivery, in order. A
+/// The deliveries of a call back from its items: the same boxes when the handler kept no
+/// item past its call (the common case), copies of them otherwise.
+// The boxes travel back to the lanes for reuse: boxed on purpose.
+#[allow(clippy::vec_box)]
+fn taken_back(members: Arc<Members>) -> Vec<Box<Incoming>> {
+    match Arc::try_unwrap(members) {
+        Ok(Members(boxes)) => boxes,
+        Err(kept) => kept.0.iter().map(|incoming| incoming.duplicate()).collect(),
+    }
+}
+
+/// One call of the handler over `members`: how it ended for each delivery, in order. A
 /// delivery that does not decode is refused alone; the handler's `Err`, panic or
 /// deadline is every other delivery's.
 async fn call<S: CallBatch>(
     shared: &Shared<S>,
-    todo: &[(usize, Box<Incoming>)],
+    members: &Arc<Members>,
     refused: &mut Vec<Option<Rejection>>,
 ) -> Vec<Ended> {
-    let members: Vec<&Incoming> = todo.iter().map(|(_, incoming)| &**incoming).collect();
-    let result = match shared.service.call_batch(&members, refused) {
+    let result = match shared.service.call_batch(members, refused) {
         // Nothing decoded, so no call (never an empty batch): every one is refused, and
         // this outcome is never read.
         None => Ok(BatchOutcome::ack_all()),

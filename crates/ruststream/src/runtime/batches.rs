@@ -322,6 +322,10 @@ where
         self.held == 0
     }
 
+    fn straight(&self) -> bool {
+        self.running == 0 && self.done.is_empty()
+    }
+
     fn stopping(&mut self) {
         self.stopping = true;
     }

@@ -53,6 +53,12 @@ pub(crate) trait LaneWork<R> {
     /// Nothing held: nothing running, queued, or done and not yet handed back.
     fn is_idle(&self) -> bool;
 
+    /// Nothing runs and nothing done waits to be handed back (batch lanes may be
+    /// gathering): the driver's straight line may fetch on and start what it fetches.
+    fn straight(&self) -> bool {
+        self.is_idle()
+    }
+
     /// The app stops: whatever is held starts without waiting for more.
     fn stopping(&mut self) {}
 }

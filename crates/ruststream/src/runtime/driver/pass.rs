@@ -61,15 +61,14 @@ where
         &mut self,
         timers: &mut Timed<Sub::Receipt>,
     ) -> Event<Sub::Receipt> {
-        // A delivery the straight line goes on from was settled in its first poll, and
-        // nothing in it sets a timer or makes one wait; the lanes are idle again unless
-        // they run batches (a batch keeps the rest of its deliveries to hand back).
+        // A delivery the straight line goes on from was settled in its first poll (or
+        // gathered into a batch), and nothing in it sets a timer or makes one wait.
         let idle = timers.set.is_empty() && self.pending.is_none();
         let straight = poll_fn(|cx| {
             loop {
                 debug_assert!(!idle || self.pending.is_none());
                 if !idle
-                    || !self.set.is_idle()
+                    || !self.set.straight()
                     || !fetch_room(&self.subscription, self.shared, &mut self.at_bound)
                 {
                     return Poll::Ready(None);
@@ -87,6 +86,10 @@ where
                     Poll::Ready(event) => return Poll::Ready(Some(event)),
                 };
                 let Some(done) = self.fetched(receipt, true, cx) else {
+                    if self.set.straight() {
+                        // Gathered into a batch that is not cut yet: fetch on.
+                        continue;
+                    }
                     return Poll::Ready(None);
                 };
                 if let Some(done) = self.settle_now(done) {
