@@ -138,9 +138,9 @@ where
             return;
         }
         *opened = None;
-        let jobs = std::mem::take(open);
-        let mut members = Vec::with_capacity(jobs.len());
-        for job in jobs {
+        // Drained, not taken: the lane's vectors keep their room for the next batch.
+        let mut members = Vec::with_capacity(open.len());
+        for job in open.drain(..) {
             members.push(job.incoming);
             receipts.push(job.receipt);
         }
@@ -183,18 +183,18 @@ where
         self.lanes[lane].running.set(None);
         // Deliveries of this batch not yet told as started need not be now.
         self.started.retain(|(told, _)| *told != lane);
-        let receipts = std::mem::take(&mut self.lanes[lane].receipts);
+        let receipts = &mut self.lanes[lane].receipts;
         self.running -= receipts.len();
-        self.publish();
         debug_assert_eq!(
             receipts.len(),
             finished.len(),
             "one conclusion per delivery"
         );
-        for (receipt, (fate, spare)) in receipts.into_iter().zip(finished) {
+        for (receipt, (fate, spare)) in receipts.drain(..).zip(finished) {
             self.boxes.give_back(spare);
             self.done.push_back(Done { receipt, fate });
         }
+        self.publish();
         if self.is_due(lane, Some(Instant::now())) {
             self.cut(lane);
         }
@@ -324,6 +324,13 @@ where
 
     fn straight(&self) -> bool {
         self.running == 0 && self.done.is_empty()
+    }
+
+    fn ready(&mut self) -> Option<Done<R>> {
+        match self.hand_back() {
+            Poll::Ready(done) => Some(done),
+            Poll::Pending => None,
+        }
     }
 
     fn stopping(&mut self) {

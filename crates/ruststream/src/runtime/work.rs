@@ -59,6 +59,13 @@ pub(crate) trait LaneWork<R> {
         self.is_idle()
     }
 
+    /// A delivery done and ready to hand back without polling anything (what is left
+    /// of a finished batch), the first thing a pass looks at.
+    #[inline(always)]
+    fn ready(&mut self) -> Option<Done<R>> {
+        None
+    }
+
     /// The app stops: whatever is held starts without waiting for more.
     fn stopping(&mut self) {}
 }

@@ -61,6 +61,9 @@ where
         &mut self,
         timers: &mut Timed<Sub::Receipt>,
     ) -> Event<Sub::Receipt> {
+        if let Some(done) = self.set.ready() {
+            return Event::Finished(done);
+        }
         // A delivery the straight line goes on from was settled in its first poll (or
         // gathered into a batch), and nothing in it sets a timer or makes one wait.
         let idle = timers.set.is_empty() && self.pending.is_none();
