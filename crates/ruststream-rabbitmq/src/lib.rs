@@ -54,6 +54,7 @@
 // No function over 80 lines of code (clippy.toml), in library code (ARCHITECTURE.md).
 #![deny(clippy::too_many_lines)]
 
+mod acks;
 mod descriptor;
 mod link;
 mod probe;

@@ -2,6 +2,7 @@
 //! acknowledgements, and (quorum queues) `retry_after` waits held until their nack.
 //! A lost channel or connection is opened again by the next `next` (see `link`).
 
+use std::ops::ControlFlow;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
@@ -20,6 +21,7 @@ use ruststream_core::{
 };
 use tokio::time::{Instant, Sleep};
 
+use crate::acks::Unacked;
 use crate::link::Link;
 use crate::publish::{from_table, number};
 use crate::requeue::{self, Requeues};
@@ -57,6 +59,8 @@ pub struct RabbitSubscription {
     sessions: u64,
     /// Classic queues: requeues counted per message (the broker counts none).
     requeues: Requeues,
+    /// The current channel's unsettled deliveries, and the acks waiting to be sent.
+    unacked: Unacked,
 }
 
 /// How long an acknowledgement may take before it counts as failed (lapin's acker can
@@ -105,6 +109,7 @@ impl RabbitSubscription {
             settle_timer: SettleTimer::new(),
             sessions: 1,
             requeues: Requeues::default(),
+            unacked: Unacked::default(),
         })
     }
 
@@ -113,6 +118,7 @@ impl RabbitSubscription {
     fn lost(&mut self, why: &str) -> SubscribeError {
         self.session = None;
         self.held.clear();
+        self.unacked.clear();
         SubscribeError::new(
             &*self.address,
             format!("{why}; consuming again once the broker takes the consumer"),
@@ -130,11 +136,41 @@ impl RabbitSubscription {
             Some(session) => nack(&mut self.settle_timer, &session.channel, first.tag).await,
             None => Ok(()),
         };
+        let tag = first.tag;
         self.held.pop();
+        self.unacked.settled(tag);
         if let Err(e) = nacked {
             tracing::warn!(address = &*self.address, error = %e, "nack after retry_after failed");
         }
         true
+    }
+
+    /// Sends the acks gathered since the last flush: the run at the front of the
+    /// channel's unsettled deliveries as one `multiple` ack, the others alone (R1). A
+    /// failure is logged: the channel is failing, and the broker gives back what it held.
+    async fn flush_acks(&mut self) {
+        let flush = self.unacked.flush();
+        let Some(session) = &self.session else {
+            return;
+        };
+        let (channel, timer) = (&session.channel, &mut self.settle_timer);
+        let mut sent = Ok(());
+        if let Some((tag, covered)) = flush.through {
+            let multiple = BasicAckOptions {
+                multiple: covered > 1,
+            };
+            sent = timer.bound(channel.basic_ack(tag, multiple)).await;
+        }
+        for tag in flush.alone {
+            if sent.is_ok() {
+                sent = timer
+                    .bound(channel.basic_ack(tag, BasicAckOptions::default()))
+                    .await;
+            }
+        }
+        if let Err(e) = sent {
+            tracing::warn!(address = &*self.address, error = %e, "acknowledging failed; the broker delivers those again");
+        }
     }
 
     /// What the consumer's stream gave, as the next delivery (written into `slot`).
@@ -178,6 +214,7 @@ impl RabbitSubscription {
                 attempt
             }
         };
+        self.unacked.delivered(message.delivery_tag);
         slot.refill(&self.address, Bytes::from(message.data))
             .set_headers(headers)
             .set_metadata(Metadata::sequence(message.delivery_tag))
@@ -199,6 +236,9 @@ impl Subscription for RabbitSubscription {
         slot: &mut Delivery,
     ) -> Option<Result<RabbitReceipt, SubscribeError>> {
         loop {
+            if self.unacked.waiting() > 0 {
+                self.flush_acks().await;
+            }
             // Nothing held, the common case: no call and no clock read per message.
             if !self.held.is_empty() && self.nack_due().await {
                 continue;
@@ -246,7 +286,12 @@ impl Subscription for RabbitSubscription {
         &mut self,
         slot: &mut Delivery,
     ) -> Poll<Option<Result<RabbitReceipt, SubscribeError>>> {
-        if !self.held.is_empty() || self.watchdog.is_elapsed() {
+        // Acks go out (from `next_into`) once half the prefetch waits for them, so the
+        // broker keeps sending while they gather.
+        if !self.held.is_empty()
+            || self.watchdog.is_elapsed()
+            || self.unacked.waiting() >= usize::from(self.prefetch / 2).max(1)
+        {
             return Poll::Pending;
         }
         let Some(session) = &mut self.session else {
@@ -259,19 +304,37 @@ impl Subscription for RabbitSubscription {
         Poll::Ready(self.received(next, slot))
     }
 
+    /// An ack waits for nothing: it joins the acks the next fetch sends (a run of them as
+    /// one `multiple` ack, R1). Other settlements go through `settle`.
+    fn settle_now(
+        &mut self,
+        receipt: RabbitReceipt,
+        settle: Settle,
+    ) -> ControlFlow<Result<(), AckError>, RabbitReceipt> {
+        if settle != Settle::Ack {
+            return ControlFlow::Continue(receipt);
+        }
+        if !self.current(&receipt) {
+            return ControlFlow::Break(Err(lost_channel()));
+        }
+        if receipt.requeued > 0 {
+            self.requeues.settled(receipt.key);
+        }
+        self.unacked.acked(receipt.tag);
+        ControlFlow::Break(Ok(()))
+    }
+
     async fn settle(&mut self, receipt: RabbitReceipt, settle: Settle) -> Result<(), AckError> {
+        let receipt = match self.settle_now(receipt, settle) {
+            ControlFlow::Break(result) => return result,
+            ControlFlow::Continue(receipt) => receipt,
+        };
         if matches!(settle, Settle::Nothing) {
             return Ok(());
         }
-        let Some(session) = self.session.as_ref().filter(|session| {
-            receipt.session == self.sessions && session.channel.status().connected()
-        }) else {
-            // Its channel is gone: the broker gives the delivery back by itself.
-            return Err(AckError::failed(
-                "the channel this delivery came on was lost; the broker delivers it again",
-            ));
-        };
-        let (channel, timer) = (&session.channel, &mut self.settle_timer);
+        if !self.current(&receipt) {
+            return Err(lost_channel());
+        }
         let tag = receipt.tag;
         if receipt.requeued > 0 {
             if settle == Settle::Redeliver {
@@ -283,13 +346,12 @@ impl Subscription for RabbitSubscription {
             }
             self.requeues.settled(receipt.key);
         }
-        match settle {
-            Settle::Nothing => Ok(()),
-            Settle::Ack => {
-                timer
-                    .bound(channel.basic_ack(tag, BasicAckOptions::default()))
-                    .await
-            }
+        let Some(session) = self.session.as_ref() else {
+            return Err(lost_channel());
+        };
+        let (channel, timer) = (&session.channel, &mut self.settle_timer);
+        let sent = match settle {
+            Settle::Nothing | Settle::Ack => Ok(()),
             // To the queue's dead-letter exchange if it has one, else discarded (R1).
             Settle::Drop => {
                 let reject = BasicRejectOptions { requeue: false };
@@ -301,12 +363,16 @@ impl Subscription for RabbitSubscription {
                 // back at once (the channel closes), a stop likewise: the wait is lost,
                 // not the message (R4).
                 self.held.hold(Instant::now() + delay, receipt);
-                Ok(())
+                return Ok(());
             }
-            Settle::DeadLetter => Err(AckError::Unsupported {
-                verb: "dead letter",
-            }),
-        }
+            Settle::DeadLetter => {
+                return Err(AckError::Unsupported {
+                    verb: "dead letter",
+                });
+            }
+        };
+        self.unacked.settled(tag);
+        sent
     }
 
     fn holding(&self) -> usize {
@@ -316,6 +382,9 @@ impl Subscription for RabbitSubscription {
     /// At `max_in_flight` the driver stops calling `next`: held waits that come due are
     /// nacked here, which frees room (G5); without it they would wait forever.
     async fn idle(&mut self) {
+        if self.unacked.waiting() > 0 {
+            self.flush_acks().await;
+        }
         let Some(due) = self.held.next_due() else {
             return std::future::pending().await;
         };
@@ -348,7 +417,9 @@ impl Subscription for RabbitSubscription {
         Some(Arc::new(move || link.is_up()))
     }
 
-    async fn close(self) {
+    async fn close(mut self) {
+        // What was acked before the stop is acknowledged before the channel closes.
+        self.flush_acks().await;
         let Some(session) = self.session else {
             return;
         };
@@ -408,6 +479,20 @@ impl Session {
             }
         }
     }
+}
+
+impl RabbitSubscription {
+    /// Whether `receipt` came on the current channel, which is still open.
+    fn current(&self, receipt: &RabbitReceipt) -> bool {
+        self.session.as_ref().is_some_and(|session| {
+            receipt.session == self.sessions && session.channel.status().connected()
+        })
+    }
+}
+
+/// A settlement of a delivery whose channel is gone.
+fn lost_channel() -> AckError {
+    AckError::failed("the channel this delivery came on was lost; the broker delivers it again")
 }
 
 /// `basic.nack(requeue=true)`: back to the queue at once.

@@ -534,3 +534,48 @@ async fn g5_quorum_held_retry_after_waits_come_due_at_max_in_flight() {
     running.stop().await;
     assert!(get(&rabbit, &queue).await.is_none(), "nothing left behind");
 }
+
+/// R1: acks gathered into one `multiple` ack never cover a delivery still running: with
+/// four lanes, `a`, `c` and `d` are acked while `b`'s handler still runs; the app is then
+/// stopped with a drain deadline `b` never meets, so `b` is left unsettled and the broker
+/// gives it back, and only it, to the next reader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r1_a_multiple_ack_never_covers_a_delivery_still_running() {
+    let rabbit = rabbit().await;
+    let queue = format!("r1-multiple-{}", unique_suffix());
+    declare(&rabbit, &queue, &[]).await;
+    for payload in [&b"a"[..], b"b", b"c", b"d"] {
+        send(&rabbit, &queue, payload).await;
+    }
+    let handled = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = Arc::clone(&handled);
+    let running = App::new()
+        .shutdown_timeout(Duration::from_millis(300))
+        .register(
+            on(rabbit.queue(&queue), move |payload: ruststream::Payload| {
+                let seen = Arc::clone(&seen);
+                async move {
+                    if &payload.0[..] == b"b" {
+                        std::future::pending::<()>().await;
+                    }
+                    seen.lock().unwrap().push(payload.0.clone());
+                    HandlerOutcome::ack()
+                }
+            })
+            .lanes(4),
+        )
+        .start()
+        .await
+        .expect("starts");
+    eventually(Duration::from_secs(10), "a, c and d acked", || {
+        handled.lock().unwrap().len() == 3
+    })
+    .await;
+    running.stop().await;
+    let again = arrives(&rabbit, &queue).await.expect("b is given back");
+    assert_eq!(again.data, b"b");
+    assert!(
+        get(&rabbit, &queue).await.is_none(),
+        "a, c and d were acked, and only they"
+    );
+}

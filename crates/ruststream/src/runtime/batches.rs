@@ -33,6 +33,9 @@ struct BatchLane<R, F> {
     /// The receipts of the running batch's deliveries, in its order; empty when the lane
     /// runs nothing.
     receipts: Vec<R>,
+    /// The running batch did not finish in its first poll: its deliveries were told to
+    /// the subscription as running.
+    told: bool,
 }
 
 pub(crate) struct Batches<R, F, St> {
@@ -48,7 +51,8 @@ pub(crate) struct Batches<R, F, St> {
     /// The lane keyless deliveries fill now.
     fill: usize,
     scan_from: usize,
-    /// Started deliveries to tell the subscription of: (lane, index in its batch).
+    /// Deliveries of batches that did not finish in their first poll, to tell the
+    /// subscription of as running: (lane, index in its batch).
     started: Vec<(usize, usize)>,
     boxes: Boxes,
     /// Wakes the driver when the first open batch is due.
@@ -77,6 +81,7 @@ where
                 opened: None,
                 running: Box::pin(None),
                 receipts: Vec::new(),
+                told: false,
             })
             .collect();
         Self {
@@ -133,6 +138,7 @@ where
             opened,
             running,
             receipts,
+            ..
         } = &mut self.lanes[lane];
         if !receipts.is_empty() || open.is_empty() {
             return;
@@ -144,7 +150,6 @@ where
             members.push(job.incoming);
             receipts.push(job.receipt);
         }
-        self.started.extend((0..members.len()).map(|i| (lane, i)));
         self.running += members.len();
         running.set(Some((self.start)(members)));
         self.publish();
@@ -179,10 +184,22 @@ where
         let Some(future) = self.lanes[lane].running.as_mut().as_pin_mut() else {
             return Poll::Pending;
         };
-        let finished = std::task::ready!(future.poll(cx));
+        let Poll::Ready(finished) = future.poll(cx) else {
+            // Most batches finish in their first poll; one that runs on is told (a
+            // JetStream delivery is then kept alive).
+            let batch = &mut self.lanes[lane];
+            if !batch.told {
+                batch.told = true;
+                self.started
+                    .extend((0..batch.receipts.len()).map(|i| (lane, i)));
+            }
+            return Poll::Pending;
+        };
         self.lanes[lane].running.set(None);
-        // Deliveries of this batch not yet told as started need not be now.
-        self.started.retain(|(told, _)| *told != lane);
+        if std::mem::take(&mut self.lanes[lane].told) {
+            // Deliveries of this batch not yet told as running need not be now.
+            self.started.retain(|(told, _)| *told != lane);
+        }
         let receipts = &mut self.lanes[lane].receipts;
         self.running -= receipts.len();
         debug_assert_eq!(
