@@ -6,7 +6,7 @@
 //!
 //! | outcome | classic queue | quorum queue |
 //! |---|---|---|
-//! | `ack()` | `basic.ack` | `basic.ack` |
+//! | `ack()` | `basic.ack`, gathered: a run of acked deliveries as one `multiple` ack before the next fetch waits | the same |
 //! | `drop()` | `basic.reject(requeue=false)`: to the queue's dead-letter exchange if it has one, else discarded | the same |
 //! | `retry()` | `basic.nack(requeue=true)`, back at once | the same; the broker counts it (`x-delivery-count`) |
 //! | `retry_after(d)` | a copy to the queue after d (`x-ruststream-retry-count` + 1), confirmed before the original is acknowledged: the original stays unacknowledged meanwhile, so a crash brings it back | held unacknowledged in the service for d, then `basic.nack(requeue=true)`: a crash gives it back at once |
