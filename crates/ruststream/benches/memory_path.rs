@@ -37,6 +37,19 @@ async fn handle(Message(tick): Message<Tick>, State(done): State<Arc<Done>>) -> 
     HandlerOutcome::ack()
 }
 
+/// The batch handler (`MEMORY_PATH_BATCH=n`): every element decoded, all acked.
+async fn handle_batch(
+    batch: ruststream::batch::Batch<Tick>,
+    State(done): State<Arc<Done>>,
+) -> ruststream::BatchOutcome {
+    std::hint::black_box(&*batch);
+    let before = done.0.fetch_add(batch.len(), Ordering::Relaxed);
+    if before < done.2 && before + batch.len() >= done.2 {
+        done.1.notify_one();
+    }
+    ruststream::BatchOutcome::ack_all()
+}
+
 const PAYLOAD: &[u8] = br#"{"id":123456,"price":4200,"qty":7,"buy":true}"#;
 
 struct Measure {
@@ -56,9 +69,19 @@ async fn run(n: usize, prefill: bool, count_allocations: bool) -> Measure {
             broker.publish(message.clone()).await;
         }
     }
-    let app = App::new()
-        .state(Arc::clone(&done))
-        .register(on(broker.topic("ticks"), handle));
+    let app = App::new().state(Arc::clone(&done));
+    // `MEMORY_PATH_BATCH=n`: a batch registration of up to n messages per call.
+    let app = match std::env::var("MEMORY_PATH_BATCH")
+        .ok()
+        .and_then(|n| n.parse().ok())
+    {
+        Some(n) => app.register(
+            ruststream::on_batch(broker.topic("ticks"), handle_batch)
+                .max_batch(n)
+                .max_in_flight(n.max(1024)),
+        ),
+        None => app.register(on(broker.topic("ticks"), handle)),
+    };
     // `MEMORY_PATH_METRICS=1`: the same with metrics collected (issue #14).
     let app = if std::env::var_os("MEMORY_PATH_METRICS").is_some() {
         app.metrics()
