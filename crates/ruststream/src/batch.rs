@@ -1,7 +1,7 @@
 //! Batches: a handler that takes many messages at once and settles each.
 //!
-//! [`on_batch`] binds a handler whose first argument is a [`Batch<T>`]: up to
-//! [`max_batch`](Registration::max_batch) messages of one lane, decoded one by one, each
+//! [`on_batch`](crate::on_batch) binds a handler whose first argument is a [`Batch<T>`]: up to
+//! [`max_batch`](crate::Registration::max_batch) messages of one lane, decoded one by one, each
 //! an [`Item`] with its delivery (attempt, key, headers, broker position). It returns
 //! a [`BatchOutcome`]: one [`HandlerOutcome`] per message, so each message settles
 //! exactly as it would alone (attempts, `max_attempts`, dead letters and retry copies are
@@ -49,13 +49,12 @@ use std::ops::Deref;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use ruststream_core::{Attempt, Cause, Delivery, Descriptor, HandlerOutcome, Headers};
+use ruststream_core::{Attempt, Cause, Delivery, HandlerOutcome, Headers};
 use serde::de::DeserializeOwned;
 
 use crate::codec::{Codec, Json};
 use crate::extract::{FromDelivery, Incoming, Meta, Rejection};
 use crate::middleware::Completion;
-use crate::registration::{Options, Registration, short_type_name};
 use crate::state::StateMap;
 
 /// The messages of one batch, in the order they were read, each decoded from its payload
@@ -304,12 +303,21 @@ impl_batch_handler!(T1, T2);
 impl_batch_handler!(T1, T2, T3);
 impl_batch_handler!(T1, T2, T3, T4);
 
-/// A batch handler as the runtime calls it (what [`on_batch`] makes; a service never
-/// names it).
+/// A batch handler as the runtime calls it (what [`on_batch`](crate::on_batch) makes; a
+/// service never names it).
 #[doc(hidden)]
 pub struct BatchService<H, T, C, Args> {
     handler: H,
     _types: PhantomData<fn(T, C, Args)>,
+}
+
+impl<H, T, C, Args> BatchService<H, T, C, Args> {
+    pub(crate) fn new(handler: H) -> Self {
+        Self {
+            handler,
+            _types: PhantomData,
+        }
+    }
 }
 
 /// What the runtime asks of a batch registration's handler.
@@ -371,95 +379,11 @@ fn decode<T: DeserializeOwned, C: Codec>(incoming: &Incoming) -> Result<T, Rejec
     })
 }
 
-/// How a batch is cut: at `max_batch` messages, or `max_wait` after its first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct BatchLimits {
-    pub(crate) max_batch: usize,
-    pub(crate) max_wait: std::time::Duration,
-}
-
 /// The messages a batch holds at most unless set.
 pub const DEFAULT_MAX_BATCH: usize = 100;
 
 /// How long a batch waits for more after its first message unless set.
 pub const DEFAULT_MAX_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
-
-impl BatchLimits {
-    /// What is wrong with these limits under `max_in_flight`, if anything.
-    pub(crate) fn violation(self, max_in_flight: usize) -> Option<String> {
-        if self.max_batch == 0 {
-            return Some("max_batch must be at least 1".to_owned());
-        }
-        (self.max_batch > max_in_flight).then(|| {
-            format!(
-                "max_batch({}) is above max_in_flight({max_in_flight}), so a batch could never \
-                 fill; raise max_in_flight or lower max_batch",
-                self.max_batch
-            )
-        })
-    }
-}
-
-impl Default for BatchLimits {
-    fn default() -> Self {
-        Self {
-            max_batch: DEFAULT_MAX_BATCH,
-            max_wait: DEFAULT_MAX_WAIT,
-        }
-    }
-}
-
-/// Binds a batch `handler` to `descriptor` (see the [module](self)). The registration
-/// takes every option of [`on`](crate::on)'s (`max_attempts`, `dead_letter`, `lanes`,
-/// `timeout`...) and [`max_batch`](Registration::max_batch) (default
-/// [`DEFAULT_MAX_BATCH`]) and [`max_wait`](Registration::max_wait) (default
-/// [`DEFAULT_MAX_WAIT`]); not middleware layers, which wrap one message's handling.
-pub fn on_batch<D, H, T, C, Args>(
-    descriptor: D,
-    handler: H,
-) -> Registration<D, BatchService<H, T, C, Args>>
-where
-    D: Descriptor,
-    H: BatchHandler<T, C, Args>,
-    T: DeserializeOwned + Send + 'static,
-    C: Codec,
-    Args: 'static,
-{
-    Registration {
-        name: short_type_name::<H>(),
-        descriptor,
-        service: BatchService {
-            handler,
-            _types: PhantomData,
-        },
-        requirements: H::requirements,
-        options: Options {
-            batch: Some(BatchLimits::default()),
-            ..Options::default()
-        },
-        mount: crate::runtime::mount_batches::<D, BatchService<H, T, C, Args>>,
-    }
-}
-
-impl<D: Descriptor, H, T, C, Args> Registration<D, BatchService<H, T, C, Args>> {
-    /// The most messages one batch holds (default [`DEFAULT_MAX_BATCH`]); at most
-    /// `max_in_flight`.
-    pub fn max_batch(mut self, n: usize) -> Self {
-        if let Some(limits) = &mut self.options.batch {
-            limits.max_batch = n;
-        }
-        self
-    }
-
-    /// How long a batch waits for more messages after its first (default
-    /// [`DEFAULT_MAX_WAIT`]); zero hands over whatever was read at once.
-    pub fn max_wait(mut self, wait: std::time::Duration) -> Self {
-        if let Some(limits) = &mut self.options.batch {
-            limits.max_wait = wait;
-        }
-        self
-    }
-}
 
 #[cfg(test)]
 mod tests {
@@ -467,7 +391,7 @@ mod tests {
 
     use super::*;
     use crate::memory::MemoryBroker;
-    use crate::{App, StartError};
+    use crate::{App, StartError, on_batch};
 
     #[test]
     fn an_outcome_for_all_with_exceptions_by_index() {

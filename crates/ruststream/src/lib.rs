@@ -96,14 +96,14 @@ pub use app::{
     StartError, StopHandle, Violation,
 };
 pub use backoff::Backoff;
-pub use batch::{BatchOutcome, on_batch};
+pub use batch::BatchOutcome;
 pub use codec::{Codec, Json};
 pub use extract::{Decoded, FromDelivery, Message, Meta, Payload, ReplyTo, State};
 pub use group::Registrations;
 pub use handler::{Handler, IntoOutcome};
 pub use publisher::{PublishBuilder, Publisher};
 pub use registration::{
-    DEFAULT_MAX_IN_FLIGHT, FailurePolicy, LaneKey, MAX_LANES, Registration, on,
+    DEFAULT_MAX_IN_FLIGHT, FailurePolicy, LaneKey, MAX_LANES, Registration, on, on_batch,
 };
 pub use ruststream_core as core;
 pub use ruststream_core::{

@@ -5,9 +5,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ruststream_core::{DeadLetters, Declaration, DelayedRedelivery, Descriptor, may_copy};
+use serde::de::DeserializeOwned;
 
 use crate::backoff::Backoff;
-use crate::batch::BatchLimits;
+use crate::batch::{BatchHandler, BatchService, DEFAULT_MAX_BATCH, DEFAULT_MAX_WAIT};
+use crate::codec::Codec;
 
 use crate::handler::{Handler, HandlerService};
 use crate::middleware::{Layer, Service};
@@ -338,5 +340,86 @@ impl<D: Descriptor, S> Registration<D, S> {
         broken.extend(self.descriptor.check(&declaration));
         broken.extend((self.requirements)(state));
         broken
+    }
+}
+
+/// How a batch is cut: at `max_batch` messages, or `max_wait` after its first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct BatchLimits {
+    pub(crate) max_batch: usize,
+    pub(crate) max_wait: std::time::Duration,
+}
+
+impl BatchLimits {
+    /// What is wrong with these limits under `max_in_flight`, if anything.
+    pub(crate) fn violation(self, max_in_flight: usize) -> Option<String> {
+        if self.max_batch == 0 {
+            return Some("max_batch must be at least 1".to_owned());
+        }
+        (self.max_batch > max_in_flight).then(|| {
+            format!(
+                "max_batch({}) is above max_in_flight({max_in_flight}), so a batch could never \
+                 fill; raise max_in_flight or lower max_batch",
+                self.max_batch
+            )
+        })
+    }
+}
+
+impl Default for BatchLimits {
+    fn default() -> Self {
+        Self {
+            max_batch: DEFAULT_MAX_BATCH,
+            max_wait: DEFAULT_MAX_WAIT,
+        }
+    }
+}
+
+/// Binds a batch `handler` to `descriptor` (see [`batch`](crate::batch)). The registration
+/// takes every option of [`on`](crate::on)'s (`max_attempts`, `dead_letter`, `lanes`,
+/// `timeout`...) and [`max_batch`](Registration::max_batch) (default
+/// [`DEFAULT_MAX_BATCH`]) and [`max_wait`](Registration::max_wait) (default
+/// [`DEFAULT_MAX_WAIT`]); not middleware layers, which wrap one message's handling.
+pub fn on_batch<D, H, T, C, Args>(
+    descriptor: D,
+    handler: H,
+) -> Registration<D, BatchService<H, T, C, Args>>
+where
+    D: Descriptor,
+    H: BatchHandler<T, C, Args>,
+    T: DeserializeOwned + Send + 'static,
+    C: Codec,
+    Args: 'static,
+{
+    Registration {
+        name: short_type_name::<H>(),
+        descriptor,
+        service: BatchService::new(handler),
+        requirements: H::requirements,
+        options: Options {
+            batch: Some(BatchLimits::default()),
+            ..Options::default()
+        },
+        mount: |registration| Box::new(registration),
+    }
+}
+
+impl<D: Descriptor, H, T, C, Args> Registration<D, BatchService<H, T, C, Args>> {
+    /// The most messages one batch holds (default [`DEFAULT_MAX_BATCH`]); at most
+    /// `max_in_flight`.
+    pub fn max_batch(mut self, n: usize) -> Self {
+        if let Some(limits) = &mut self.options.batch {
+            limits.max_batch = n;
+        }
+        self
+    }
+
+    /// How long a batch waits for more messages after its first (default
+    /// [`DEFAULT_MAX_WAIT`]); zero hands over whatever was read at once.
+    pub fn max_wait(mut self, wait: std::time::Duration) -> Self {
+        if let Some(limits) = &mut self.options.batch {
+            limits.max_wait = wait;
+        }
+        self
     }
 }

@@ -20,9 +20,9 @@ use tokio::time::{Instant, Sleep, sleep_until};
 use super::lanes::{ANY_LANE, Finished};
 use super::shared::{Done, Job};
 use super::work::{Boxes, LaneWork};
-use crate::batch::BatchLimits;
 use crate::extract::{Context as CallContext, Incoming};
 use crate::in_flight::InFlight;
+use crate::registration::BatchLimits;
 
 /// One lane: the batch it gathers and the batch it runs.
 struct BatchLane<R, F> {

@@ -19,7 +19,8 @@ use ruststream_core::{BoxFuture, Descriptor, SubscribeError, Subscription};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::batch::{BatchLimits, CallBatch};
+use crate::batch::{BatchService, CallBatch};
+use crate::registration::BatchLimits;
 
 use crate::extract::Context;
 use crate::middleware::Service;
@@ -64,31 +65,26 @@ impl<D: Descriptor, S: Service> Mount for Registration<D, S> {
 }
 
 /// A batch registration ([`on_batch`](crate::on_batch)), as the app holds it.
-struct Batched<D, S>(Registration<D, S>);
-
-/// Erases a batch registration's types (its `mount`).
-pub(crate) fn mount_batches<D: Descriptor, S: CallBatch>(
-    registration: Registration<D, S>,
-) -> Box<dyn Mount> {
-    Box::new(Batched(registration))
-}
-
-impl<D: Descriptor, S: CallBatch> Mount for Batched<D, S> {
+impl<D, H, T, C, Args> Mount for Registration<D, BatchService<H, T, C, Args>>
+where
+    D: Descriptor,
+    BatchService<H, T, C, Args>: CallBatch,
+{
     fn name(&self) -> &str {
-        &self.0.name
+        &self.name
     }
 
     fn address(&self) -> &str {
-        self.0.descriptor.address()
+        self.descriptor.address()
     }
 
     fn violations(&self, state: &StateMap) -> Vec<String> {
-        self.0.violations(state)
+        Registration::violations(self, state)
     }
 
     fn start(self: Box<Self>, env: Env) -> BoxFuture<'static, Result<Started, SubscribeError>> {
         Box::pin(async move {
-            let (opened, started) = open(self.0, env).await?;
+            let (opened, started) = open(*self, env).await?;
             let Opened {
                 subscription,
                 shared,

@@ -42,6 +42,14 @@
 //! failures are logged quietly (one ERROR, then one a minute) and the delivery comes back
 //! as the broker's rules say.
 //!
+//! # Batches
+//!
+//! A batch registration runs this same loop over other lanes
+//! ([`Batches`](super::batches::Batches), through [`LaneWork`]): a fetched delivery joins
+//! its lane's open batch, a batch runs as one call once cut (`max_batch`, `max_wait`),
+//! and its deliveries come back one at a time, first in a pass, to be settled here like
+//! any other. The straight line fetches on while batches only gather.
+//!
 //! # Stop ([`stop`])
 //!
 //! Nothing more is fetched; the lanes finish what they hold (a delivery fetched but not
@@ -69,9 +77,10 @@ use super::lanes::Lanes as LaneSet;
 use super::quiet::ErrorRun;
 use super::shared::{Job, Shared};
 use super::work::LaneWork;
-use crate::batch::{BatchLimits, CallBatch};
+use crate::batch::CallBatch;
 use crate::extract::Incoming;
 use crate::middleware::Service;
+use crate::registration::BatchLimits;
 use crate::registration::LaneKey;
 use pass::{Event, StopSignal};
 use settle::Timed;
