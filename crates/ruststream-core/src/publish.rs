@@ -125,6 +125,17 @@ impl fmt::Debug for Extras {
 pub trait Publish: Send + Sync + 'static {
     /// Publishes `message` and waits for the broker's confirmation.
     fn publish(&self, message: Outgoing) -> BoxFuture<'_, Result<(), PublishError>>;
+
+    /// Publishes every message and waits for all the confirmations together: a result
+    /// per message, in order. By default every `publish` is started at once and their
+    /// confirmations awaited together (the client pipelines them); a transport with a
+    /// bulk form of its own (a Redis pipeline) overrides it.
+    fn publish_all(&self, messages: Vec<Outgoing>) -> BoxFuture<'_, Vec<Result<(), PublishError>>> {
+        use futures_util::StreamExt;
+        let all: futures_util::stream::FuturesOrdered<_> =
+            messages.into_iter().map(|m| self.publish(m)).collect();
+        Box::pin(all.collect())
+    }
 }
 
 #[cfg(test)]

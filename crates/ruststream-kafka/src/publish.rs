@@ -54,16 +54,7 @@ impl KafkaPublisher {
         payload: &[u8],
         partition: Option<i32>,
     ) -> Result<Landed, PublishError> {
-        let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic).payload(payload);
-        if let Some(key) = key {
-            record = record.key(key);
-        }
-        if let Some(partition) = partition {
-            record = record.partition(partition);
-        }
-        if !headers.is_empty() {
-            record = record.headers(to_kafka(headers));
-        }
+        let record = record(topic, key, headers, payload, partition);
         match self.producer.send(record, DELIVERY_TIMEOUT).await {
             Ok(delivery) => Ok(Landed {
                 partition: delivery.partition,
@@ -77,6 +68,39 @@ impl KafkaPublisher {
     pub fn producer(&self) -> &FutureProducer<KafkaContext> {
         &self.producer
     }
+}
+
+/// The record of one message (to `partition`, or by key when `None`).
+fn record<'a>(
+    topic: &'a str,
+    key: Option<&'a [u8]>,
+    headers: &Headers,
+    payload: &'a [u8],
+    partition: Option<i32>,
+) -> FutureRecord<'a, [u8], [u8]> {
+    let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic).payload(payload);
+    if let Some(key) = key {
+        record = record.key(key);
+    }
+    if let Some(partition) = partition {
+        record = record.partition(partition);
+    }
+    if !headers.is_empty() {
+        record = record.headers(to_kafka(headers));
+    }
+    record
+}
+
+/// The record of `message`.
+fn record_of(message: &Outgoing) -> FutureRecord<'_, [u8], [u8]> {
+    let partition = message.extras.get::<Partition>().map(|p| p.0);
+    record(
+        &message.address,
+        message.key.as_deref(),
+        &message.headers,
+        &message.payload,
+        partition,
+    )
 }
 
 /// What a failed produce was (SPEC G3): the broker's or librdkafka's refusal of this
@@ -128,5 +152,56 @@ impl Publish for KafkaPublisher {
             .await
             .map(drop)
         })
+    }
+
+    /// Every record handed to librdkafka at once, then the delivery reports awaited
+    /// together. A full producer queue waits for the reports of what is queued, then
+    /// tries the record once more.
+    fn publish_all(&self, messages: Vec<Outgoing>) -> BoxFuture<'_, Vec<Result<(), PublishError>>> {
+        Box::pin(async move {
+            let mut results: Vec<Result<(), PublishError>> = Vec::with_capacity(messages.len());
+            let mut queued = Vec::with_capacity(messages.len());
+            for (i, message) in messages.iter().enumerate() {
+                let mut sent = self.producer.send_result(record_of(message));
+                if let Err((e, _)) = &sent
+                    && e.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::QueueFull)
+                {
+                    reported(&messages, &mut results, queued.drain(..)).await;
+                    sent = self.producer.send_result(record_of(message));
+                }
+                match sent {
+                    Ok(report) => {
+                        queued.push((i, report));
+                        results.push(Ok(()));
+                    }
+                    Err((e, _)) => {
+                        results.push(Err(PublishError::new(&message.address, kind(&e), e)))
+                    }
+                }
+            }
+            reported(&messages, &mut results, queued.into_iter()).await;
+            results
+        })
+    }
+}
+
+/// Awaits the delivery reports of `queued` (index, report), writing failures into
+/// `results`.
+async fn reported(
+    messages: &[Outgoing],
+    results: &mut [Result<(), PublishError>],
+    queued: impl Iterator<Item = (usize, rdkafka::producer::DeliveryFuture)>,
+) {
+    for (i, report) in queued {
+        let address = &messages[i].address;
+        results[i] = match report.await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err((e, _))) => Err(PublishError::new(address, kind(&e), e)),
+            Err(_) => Err(PublishError::new(
+                address,
+                PublishErrorKind::Disconnected,
+                "the producer went away before the delivery report",
+            )),
+        };
     }
 }

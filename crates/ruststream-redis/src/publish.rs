@@ -34,18 +34,7 @@ impl RedisPublisher {
         headers: &Headers,
         payload: &[u8],
     ) -> Result<String, PublishError> {
-        let mut command = redis::cmd("XADD");
-        command.arg(stream).arg("*").arg(PAYLOAD_FIELD).arg(payload);
-        for (name, value) in headers.iter() {
-            if name == PAYLOAD_FIELD {
-                return Err(PublishError::new(
-                    stream,
-                    PublishErrorKind::Encode,
-                    format!("a header named `{PAYLOAD_FIELD}` would be read back as the payload"),
-                ));
-            }
-            command.arg(name).arg(value.as_ref());
-        }
+        let command = xadd(stream, headers, payload)?;
         let mut connection = self.connection.clone();
         command
             .query_async::<String>(&mut connection)
@@ -77,4 +66,67 @@ impl Publish for RedisPublisher {
                 .map(drop)
         })
     }
+
+    /// One pipeline of `XADD`s: one write, one read of all the replies, a result each
+    /// (a failed command fails its own message only; a lost connection, every message of
+    /// the pipeline, some of which Redis may have added).
+    fn publish_all(&self, messages: Vec<Outgoing>) -> BoxFuture<'_, Vec<Result<(), PublishError>>> {
+        Box::pin(async move {
+            let mut results: Vec<Result<(), PublishError>> = Vec::with_capacity(messages.len());
+            let mut pipe = redis::pipe();
+            pipe.ignore_errors();
+            let mut sent = Vec::with_capacity(messages.len());
+            for (i, message) in messages.iter().enumerate() {
+                match xadd(&message.address, &message.headers, &message.payload) {
+                    Ok(command) => {
+                        pipe.add_command(command);
+                        sent.push(i);
+                        results.push(Ok(()));
+                    }
+                    Err(refused) => results.push(Err(refused)),
+                }
+            }
+            if sent.is_empty() {
+                return results;
+            }
+            let mut connection = self.connection.clone();
+            match pipe
+                .query_async::<Vec<redis::RedisResult<String>>>(&mut connection)
+                .await
+            {
+                Ok(replies) => {
+                    for (i, reply) in sent.into_iter().zip(replies) {
+                        if let Err(e) = reply {
+                            let address = &messages[i].address;
+                            results[i] = Err(PublishError::new(address, kind(&e), e));
+                        }
+                    }
+                }
+                Err(e) => {
+                    for i in sent {
+                        let address = &messages[i].address;
+                        results[i] = Err(PublishError::new(address, kind(&e), e.to_string()));
+                    }
+                }
+            }
+            results
+        })
+    }
+}
+
+/// The `XADD` of one entry; a header named like the payload field is refused.
+fn xadd(stream: &str, headers: &Headers, payload: &[u8]) -> Result<redis::Cmd, PublishError> {
+    let mut command = redis::cmd("XADD");
+    command.arg(stream).arg("*").arg(PAYLOAD_FIELD).arg(payload);
+    for (name, value) in headers.iter() {
+        if name == PAYLOAD_FIELD {
+            return Err(PublishError::new(
+                stream,
+                PublishErrorKind::Encode,
+                format!("a header named `{PAYLOAD_FIELD}` would be read back as the payload"),
+            ));
+        }
+        command.arg(name).arg(value.as_ref());
+    }
+    Ok(command)
 }

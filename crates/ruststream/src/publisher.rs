@@ -63,13 +63,14 @@ impl Publisher {
         &self,
         messages: impl IntoIterator<Item = Outgoing>,
     ) -> Vec<Result<(), PublishError>> {
-        use futures_util::StreamExt;
-        messages
+        let messages = messages
             .into_iter()
-            .map(|message| self.publish(message))
-            .collect::<futures_util::stream::FuturesOrdered<_>>()
-            .collect()
-            .await
+            .map(|mut message| {
+                crate::trace_context::inject(&mut message.headers);
+                message
+            })
+            .collect();
+        self.inner.publish_all(messages).await
     }
 
     /// The transport's publish.
