@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::context::{
-    GetStreamByNameError, GetStreamByNameErrorKind, PublishErrorKind as JsPublishErrorKind,
-    RequestErrorKind as JsRequestErrorKind,
+    GetStreamByNameError, GetStreamByNameErrorKind, PublishAckFuture,
+    PublishErrorKind as JsPublishErrorKind, RequestErrorKind as JsRequestErrorKind,
 };
 use async_nats::{Client, RequestErrorKind};
 use bytes::Bytes;
@@ -136,6 +136,17 @@ impl NatsPublisher {
         headers: &Headers,
         payload: Bytes,
     ) -> Result<(), PublishError> {
+        self.send_core(subject, headers, payload).await?;
+        self.flushed(subject).await
+    }
+
+    /// Hands a Core message to the client (not yet known to the server).
+    async fn send_core(
+        &self,
+        subject: &str,
+        headers: &Headers,
+        payload: Bytes,
+    ) -> Result<(), PublishError> {
         let map = to_nats(headers, subject)?;
         let failed = |e: async_nats::PublishError| {
             let kind = match e.kind() {
@@ -156,7 +167,11 @@ impl NatsPublisher {
             }
             None => self.client.publish(subject_owned, payload).await,
         }
-        .map_err(failed)?;
+        .map_err(failed)
+    }
+
+    /// Waits until the server has what was handed to the client (a flush).
+    async fn flushed(&self, subject: &str) -> Result<(), PublishError> {
         self.client
             .flush()
             .await
@@ -173,6 +188,21 @@ impl NatsPublisher {
         payload: Bytes,
         msg_id: Option<&str>,
     ) -> Result<Stored, PublishError> {
+        let ack = self
+            .send_jetstream(subject, headers, payload, msg_id)
+            .await?;
+        stored(subject, ack).await
+    }
+
+    /// Sends a message to the JetStream stream that captures `subject`: its publish
+    /// acknowledgement, to await.
+    async fn send_jetstream(
+        &self,
+        subject: &str,
+        headers: &Headers,
+        payload: Bytes,
+        msg_id: Option<&str>,
+    ) -> Result<PublishAckFuture, PublishError> {
         let mut message = async_nats::jetstream::message::PublishMessage::build().payload(payload);
         if let Some(map) = to_nats(headers, subject)? {
             message = message.headers(map);
@@ -180,18 +210,10 @@ impl NatsPublisher {
         if let Some(id) = msg_id {
             message = message.message_id(id);
         }
-        let ack = self
-            .jetstream
+        self.jetstream
             .send_publish(subject.to_owned(), message)
             .await
-            .map_err(|e| PublishError::new(subject, js_kind(&e), e))?
-            .await
-            .map_err(|e| PublishError::new(subject, js_kind(&e), e))?;
-        Ok(Stored {
-            stream: ack.stream,
-            sequence: ack.sequence,
-            duplicate: ack.duplicate,
-        })
+            .map_err(|e| PublishError::new(subject, js_kind(&e), e))
     }
 
     /// Sends `request` as JSON to `subject` and decodes the JSON reply, waiting at most
@@ -287,6 +309,22 @@ fn answered(e: &GetStreamByNameError) -> bool {
     false
 }
 
+/// A JetStream publish acknowledgement, awaited.
+async fn stored(subject: &str, ack: PublishAckFuture) -> Result<Stored, PublishError> {
+    let ack = ack
+        .await
+        .map_err(|e| PublishError::new(subject, js_kind(&e), e))?;
+    Ok(Stored {
+        stream: ack.stream,
+        sequence: ack.sequence,
+        duplicate: ack.duplicate,
+    })
+}
+
+/// JetStream acknowledgements `publish_all` keeps in flight (the client bounds how many
+/// it holds unawaited).
+const ACK_WINDOW: usize = 1_000;
+
 /// The `Nats-Msg-Id` of a message published to a JetStream stream, as an option of a
 /// published message (`Outgoing::extras`, `PublishBuilder::with`): the stream stores one
 /// message per id within its duplicate window. Ignored on a Core subject (nothing
@@ -307,6 +345,54 @@ impl Publish for NatsPublisher {
                 self.core(&message.address, &message.headers, message.payload)
                     .await
             }
+        })
+    }
+
+    /// JetStream messages sent one after another with up to 1,000 acknowledgements in
+    /// flight; Core messages handed to the client, then one flush confirms them all.
+    fn publish_all(&self, messages: Vec<Outgoing>) -> BoxFuture<'_, Vec<Result<(), PublishError>>> {
+        Box::pin(async move {
+            let mut results: Vec<Result<(), PublishError>> = Vec::with_capacity(messages.len());
+            let mut acks: std::collections::VecDeque<(usize, PublishAckFuture)> =
+                std::collections::VecDeque::with_capacity(ACK_WINDOW);
+            let mut core = Vec::new();
+            for (i, message) in messages.iter().enumerate() {
+                let subject = &message.address;
+                let sent = match self.in_stream(subject).await {
+                    Ok(true) => {
+                        if acks.len() == ACK_WINDOW
+                            && let Some((at, ack)) = acks.pop_front()
+                        {
+                            results[at] = stored(&messages[at].address, ack).await.map(drop);
+                        }
+                        let id = message.extras.get::<MessageId>().map(|id| id.0.as_str());
+                        let payload = message.payload.clone();
+                        self.send_jetstream(subject, &message.headers, payload, id)
+                            .await
+                            .map(|ack| acks.push_back((i, ack)))
+                    }
+                    Ok(false) => {
+                        let payload = message.payload.clone();
+                        let sent = self.send_core(subject, &message.headers, payload).await;
+                        core.extend(sent.is_ok().then_some(i));
+                        sent
+                    }
+                    Err(e) => Err(e),
+                };
+                results.push(sent);
+            }
+            for (at, ack) in acks {
+                results[at] = stored(&messages[at].address, ack).await.map(drop);
+            }
+            if let Some(&first) = core.first()
+                && let Err(e) = self.flushed(&messages[first].address).await
+            {
+                for at in core {
+                    let address = &messages[at].address;
+                    results[at] = Err(PublishError::new(address, e.kind(), e.to_string()));
+                }
+            }
+            results
         })
     }
 }
