@@ -244,3 +244,75 @@ async fn ops_endpoint_caps_its_connections_and_closes_idle_ones() {
     );
     running.stop().await;
 }
+
+async fn store_all(batch: ruststream::batch::Batch<String>) -> ruststream::BatchOutcome {
+    let mut outcome = ruststream::BatchOutcome::ack_all();
+    for (i, item) in batch.iter().enumerate() {
+        if item.value == "drop" {
+            outcome.set(i, HandlerOutcome::drop());
+        }
+    }
+    outcome
+}
+
+/// A batch registration's metrics: every message counted as alone (deliveries, outcomes,
+/// handler calls per message), and the size of every batch in `ruststream_batch_size`.
+#[tokio::test]
+async fn ops_a_batch_registration_counts_each_message_and_observes_batch_sizes() {
+    let broker = MemoryBroker::new();
+    let app = App::new().ops(0).register(
+        ruststream::on_batch(broker.topic("rows"), store_all)
+            .name("rows")
+            .max_batch(10),
+    );
+    let running = app.start().await.unwrap();
+    let addr = running.ops_addr().expect("ops endpoint on");
+    let rows = (0..25).map(|n| {
+        let word = if n == 7 { "drop" } else { "keep" };
+        ruststream::core::Outgoing::new("rows", format!("\"{word}\""))
+    });
+    let sent = broker.publisher().send_all(rows).await;
+    assert!(sent.iter().all(Result::is_ok));
+    let rows = ["registration=\"rows\"", "address=\"rows\""];
+    let handled = |metrics: &str, kind: &str| {
+        let kind = format!("kind=\"{kind}\"");
+        sample(
+            metrics,
+            "ruststream_outcomes_total",
+            &[rows[0], rows[1], &kind],
+        )
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let metrics = loop {
+        let (_, metrics) = get(addr, "/metrics").await;
+        if handled(&metrics, "ack") + handled(&metrics, "drop") == 25.0 {
+            break metrics;
+        }
+        assert!(Instant::now() < deadline, "not all 25 handled: {metrics}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let count = |name: &str, kind: Option<&str>| {
+        let kind = kind.map(|k| format!("kind=\"{k}\""));
+        let mut parts = rows.to_vec();
+        parts.extend(kind.as_deref());
+        sample(&metrics, name, &parts)
+    };
+    assert_eq!(
+        count("ruststream_deliveries_total", None),
+        25.0,
+        "{metrics}"
+    );
+    assert_eq!(
+        count("ruststream_outcomes_total", Some("ack")),
+        24.0,
+        "{metrics}"
+    );
+    assert_eq!(count("ruststream_outcomes_total", Some("drop")), 1.0);
+    assert_eq!(count("ruststream_batch_size_sum", None), 25.0);
+    let batches = count("ruststream_batch_size_count", None);
+    assert!(
+        (3.0..=25.0).contains(&batches),
+        "{batches} batches of at most 10"
+    );
+    running.stop().await;
+}

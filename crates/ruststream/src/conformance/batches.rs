@@ -207,24 +207,7 @@ pub async fn batch_failures_retry_every_message(bed: impl Bed) {
 /// once; then 3 messages with a long `max_batch` come in within a few seconds.
 pub async fn batch_is_cut_by_size_and_by_time(bed: impl Bed) {
     let address = bed.address().await;
-    let calls = Calls::default();
-    let handler = {
-        let calls = calls.clone();
-        move |batch: Batch<Numbered>| {
-            calls.record(&batch);
-            async { BatchOutcome::ack_all() }
-        }
-    };
-    let app = App::new()
-        .register(
-            on_batch(bed.subscribe(&address, "suite"), handler)
-                .max_batch(10)
-                .max_wait(Duration::from_millis(300)),
-        )
-        .start()
-        .await
-        .expect("start");
-    tokio::time::sleep(bed.warm_up()).await;
+    let (app, calls) = acking_batch_app(&bed, &address, 1, 10, Duration::from_millis(300)).await;
     publish_all(&bed, &address, (0..25).map(numbered)).await;
     until(Duration::from_secs(60), "25 messages handled", || {
         calls.messages() == 25
@@ -240,24 +223,7 @@ pub async fn batch_is_cut_by_size_and_by_time(bed: impl Bed) {
     app.stop().await;
 
     let address = bed.address().await;
-    let calls = Calls::default();
-    let handler = {
-        let calls = calls.clone();
-        move |batch: Batch<Numbered>| {
-            calls.record(&batch);
-            async { BatchOutcome::ack_all() }
-        }
-    };
-    let app = App::new()
-        .register(
-            on_batch(bed.subscribe(&address, "suite"), handler)
-                .max_batch(1000)
-                .max_wait(Duration::from_millis(300)),
-        )
-        .start()
-        .await
-        .expect("start");
-    tokio::time::sleep(bed.warm_up()).await;
+    let (app, calls) = acking_batch_app(&bed, &address, 1, 1000, Duration::from_millis(300)).await;
     for n in 0..3 {
         publish(&bed, &address, None, &[], &numbered(n)).await;
     }
@@ -275,25 +241,7 @@ pub async fn batch_is_cut_by_size_and_by_time(bed: impl Bed) {
 /// handler in their order, each once.
 pub async fn batch_keeps_per_key_order(bed: impl Bed) {
     let address = bed.address().await;
-    let calls = Calls::default();
-    let handler = {
-        let calls = calls.clone();
-        move |batch: Batch<Numbered>| {
-            calls.record(&batch);
-            async { BatchOutcome::ack_all() }
-        }
-    };
-    let app = App::new()
-        .register(
-            on_batch(bed.subscribe(&address, "suite"), handler)
-                .lanes(3)
-                .max_batch(7)
-                .max_wait(Duration::from_millis(50)),
-        )
-        .start()
-        .await
-        .expect("start");
-    tokio::time::sleep(bed.warm_up()).await;
+    let (app, calls) = acking_batch_app(&bed, &address, 3, 7, Duration::from_millis(50)).await;
     for seq in 0..20 {
         for key in 0..5 {
             let payload = format!(r#"{{"n":{},"seq":{seq}}}"#, key * 100 + seq);
@@ -324,6 +272,37 @@ pub async fn batch_keeps_per_key_order(bed: impl Bed) {
         assert_eq!(seqs, (0..20).collect::<Vec<_>>(), "key {key} out of order");
     }
     app.stop().await;
+}
+
+/// An app whose one batch registration on `address` (`lanes`, `max_batch`, `max_wait`)
+/// records every call and acks all, started and warmed up.
+async fn acking_batch_app(
+    bed: &impl Bed,
+    address: &str,
+    lanes: usize,
+    max_batch: usize,
+    max_wait: Duration,
+) -> (crate::Running, Calls) {
+    let calls = Calls::default();
+    let handler = {
+        let calls = calls.clone();
+        move |batch: Batch<Numbered>| {
+            calls.record(&batch);
+            async { BatchOutcome::ack_all() }
+        }
+    };
+    let app = App::new()
+        .register(
+            on_batch(bed.subscribe(address, "suite"), handler)
+                .lanes(lanes)
+                .max_batch(max_batch)
+                .max_wait(max_wait),
+        )
+        .start()
+        .await
+        .expect("start");
+    tokio::time::sleep(bed.warm_up()).await;
+    (app, calls)
 }
 
 /// Publishes each payload to `address` at once (`send_all`), asserting each went out.

@@ -78,7 +78,8 @@ use super::quiet::ErrorRun;
 use super::shared::{Job, Shared};
 use super::work::LaneWork;
 use crate::batch::CallBatch;
-use crate::extract::Incoming;
+use crate::extract::{Context as CallContext, Incoming};
+use crate::in_flight::InFlight;
 use crate::middleware::Service;
 use crate::registration::BatchLimits;
 use crate::registration::LaneKey;
@@ -112,11 +113,7 @@ pub(crate) async fn drive<Sub: Subscription, S: Service>(
     deadlines: Deadlines,
 ) {
     let shared_ref: &Shared<S> = &shared;
-    let running = shared
-        .metrics
-        .as_ref()
-        .map(|_| Arc::clone(&shared.in_flight));
-    let context = Arc::clone(&shared.context);
+    let (running, context) = lane_parts(&shared);
     let set = LaneSet::new(lanes.count, running, context, move |incoming| {
         lane::handle(shared_ref, incoming)
     });
@@ -133,15 +130,21 @@ pub(crate) async fn drive_batches<Sub: Subscription, S: CallBatch>(
     deadlines: Deadlines,
 ) {
     let shared_ref: &Shared<S> = &shared;
-    let running = shared
-        .metrics
-        .as_ref()
-        .map(|_| Arc::clone(&shared.in_flight));
-    let context = Arc::clone(&shared.context);
+    let (running, context) = lane_parts(&shared);
     let set = Batches::new(lanes.count, limits, running, context, move |members| {
         batch::handle_batch(shared_ref, members)
     });
     run(subscription, &shared, set, lanes, stop, deadlines).await;
+}
+
+/// What lanes of either kind keep of the registration: where they publish how many
+/// run (when metrics are on), and the context every delivery's box holds.
+fn lane_parts<S>(shared: &Shared<S>) -> (Option<Arc<InFlight>>, Arc<CallContext>) {
+    let running = shared
+        .metrics
+        .as_ref()
+        .map(|_| Arc::clone(&shared.in_flight));
+    (running, Arc::clone(&shared.context))
 }
 
 /// The driver's loop over `set`, one delivery per lane or batches per lane, then the
