@@ -506,3 +506,82 @@ async fn k6_a_failed_produce_aborts_the_window_even_if_the_handler_acks() {
         "the replayed records committed in a later window: {reports:?}"
     );
 }
+
+/// K6 with a batch handler: each batch's outputs (published with `send_all` through the
+/// registration's publisher) and its inputs' offsets join the open window and commit
+/// with it, at `commit_interval`: every committed window's offsets cover exactly the
+/// inputs whose outputs it carried. (That a `read_committed` consumer sees each output
+/// once cannot be observed on tansu, as above.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn k6_a_batchs_outputs_and_offsets_commit_together() {
+    let kafka = kafka().await;
+    let (input, output, group) = (unique("eos-bin"), unique("eos-bout"), unique("g"));
+    create_topic(&input, 1).await;
+    create_topic(&output, 1).await;
+    let pipeline =
+        EosPipeline::new(&kafka, unique("tx")).commit_interval(Duration::from_millis(100));
+    let reports = collect(&pipeline);
+    let target = output.clone();
+    let transform_all = move |batch: ruststream::batch::Batch<u32>, publisher: Publisher| {
+        let target = target.clone();
+        async move {
+            let outputs = batch
+                .values()
+                .map(|n| ruststream::core::Outgoing::new(target.as_str(), format!("out-{n}")));
+            if publisher.send_all(outputs).await.iter().any(Result::is_err) {
+                return ruststream::BatchOutcome::retry_all();
+            }
+            ruststream::BatchOutcome::ack_all()
+        }
+    };
+    let app = start(
+        App::new().register(
+            ruststream::on_batch(
+                transactional(&kafka, &input, &group, &pipeline),
+                transform_all,
+            )
+            .max_batch(10)
+            .max_wait(Duration::from_millis(50)),
+        ),
+    )
+    .await;
+    for i in 0..30 {
+        produce(
+            &kafka,
+            &input,
+            None,
+            i.to_string().as_bytes(),
+            &Headers::new(),
+        )
+        .await;
+    }
+    committed_becomes(&group, &input, 0, 30, Duration::from_secs(60)).await;
+    app.stop().await;
+    let reports = reports.lock().unwrap().clone();
+    let mut inputs_covered = 0i64;
+    for (window, _) in reports.iter().filter(|(r, _)| r.committed) {
+        match window.offsets.first() {
+            Some((_, _, next)) => {
+                assert_eq!(
+                    *next - inputs_covered,
+                    window.records as i64,
+                    "window {}: offsets and outputs differ: {reports:?}",
+                    window.number
+                );
+                inputs_covered = *next;
+            }
+            None => assert_eq!(window.records, 0, "outputs committed without their offsets"),
+        }
+    }
+    assert_eq!(inputs_covered, 30);
+    let outputs = read_topic(&output, 1, 30, Duration::from_secs(10)).await;
+    let mut seen: Vec<String> = outputs
+        .iter()
+        .map(|r| String::from_utf8_lossy(&r.payload).into_owned())
+        .collect();
+    seen.sort();
+    seen.dedup();
+    let mut expected: Vec<String> = (0..30).map(|i| format!("out-{i}")).collect();
+    expected.sort();
+    assert_eq!(seen, expected);
+}
