@@ -61,7 +61,14 @@ pub struct RabbitSubscription {
     requeues: Requeues,
     /// The current channel's unsettled deliveries, and the acks waiting to be sent.
     unacked: Unacked,
+    /// Acks taken out of `unacked` and on their way: kept here, so that a fetch the
+    /// runtime drops halfway (a lane finished first) leaves them to the next call
+    /// instead of forgetting them.
+    sending: Option<Sending>,
 }
+
+/// Acks on their way to the broker (see `RabbitSubscription::flush_acks`).
+type Sending = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// How long an acknowledgement may take before it counts as failed (lapin's acker can
 /// wait forever on a channel whose connection died): at least half of this, at most all
@@ -110,6 +117,7 @@ impl RabbitSubscription {
             sessions: 1,
             requeues: Requeues::default(),
             unacked: Unacked::default(),
+            sending: None,
         })
     }
 
@@ -119,6 +127,7 @@ impl RabbitSubscription {
         self.session = None;
         self.held.clear();
         self.unacked.clear();
+        self.sending = None;
         SubscribeError::new(
             &*self.address,
             format!("{why}; consuming again once the broker takes the consumer"),
@@ -147,30 +156,45 @@ impl RabbitSubscription {
 
     /// Sends the acks gathered since the last flush: the run at the front of the
     /// channel's unsettled deliveries as one `multiple` ack, the others alone (R1). A
+    /// send cut short (the caller's future dropped) is finished by the next call. A
     /// failure is logged: the channel is failing, and the broker gives back what it held.
     async fn flush_acks(&mut self) {
-        let flush = self.unacked.flush();
-        let Some(session) = &self.session else {
-            return;
-        };
-        let (channel, timer) = (&session.channel, &mut self.settle_timer);
-        let mut sent = Ok(());
-        if let Some((tag, covered)) = flush.through {
-            let multiple = BasicAckOptions {
-                multiple: covered > 1,
-            };
-            sent = timer.bound(channel.basic_ack(tag, multiple)).await;
-        }
-        for tag in flush.alone {
-            if sent.is_ok() {
-                sent = timer
-                    .bound(channel.basic_ack(tag, BasicAckOptions::default()))
-                    .await;
+        loop {
+            if self.sending.is_none() && self.unacked.waiting() > 0 {
+                self.sending = self.sent_acks();
             }
+            let Some(sending) = &mut self.sending else {
+                return;
+            };
+            sending.as_mut().await;
+            self.sending = None;
         }
-        if let Err(e) = sent {
-            tracing::warn!(address = &*self.address, error = %e, "acknowledging failed; the broker delivers those again");
-        }
+    }
+
+    /// What sends the acks gathered now, if the channel is still there.
+    fn sent_acks(&mut self) -> Option<Sending> {
+        let flush = self.unacked.flush();
+        let channel = self.session.as_ref()?.channel.clone();
+        let address = Arc::clone(&self.address);
+        Some(Box::pin(async move {
+            let bounded = |tag, multiple| {
+                tokio::time::timeout(
+                    SETTLE_TIMEOUT,
+                    channel.basic_ack(tag, BasicAckOptions { multiple }),
+                )
+            };
+            let through = flush.through.map(|(tag, covered)| (tag, covered > 1));
+            let alone = flush.alone.into_iter().map(|tag| (tag, false));
+            for (tag, multiple) in through.into_iter().chain(alone) {
+                let failed = match bounded(tag, multiple).await {
+                    Ok(Ok(())) => continue,
+                    Ok(Err(e)) => e.to_string(),
+                    Err(_) => format!("no answer from RabbitMQ within {SETTLE_TIMEOUT:?}"),
+                };
+                tracing::warn!(address = &*address, error = %failed, "acknowledging failed; the broker delivers those again");
+                return;
+            }
+        }))
     }
 
     /// What the consumer's stream gave, as the next delivery (written into `slot`).
@@ -236,7 +260,7 @@ impl Subscription for RabbitSubscription {
         slot: &mut Delivery,
     ) -> Option<Result<RabbitReceipt, SubscribeError>> {
         loop {
-            if self.unacked.waiting() > 0 {
+            if self.unacked.waiting() > 0 || self.sending.is_some() {
                 self.flush_acks().await;
             }
             // Nothing held, the common case: no call and no clock read per message.
@@ -290,6 +314,7 @@ impl Subscription for RabbitSubscription {
         // broker keeps sending while they gather.
         if !self.held.is_empty()
             || self.watchdog.is_elapsed()
+            || self.sending.is_some()
             || self.unacked.waiting() >= usize::from(self.prefetch / 2).max(1)
         {
             return Poll::Pending;
@@ -382,7 +407,7 @@ impl Subscription for RabbitSubscription {
     /// At `max_in_flight` the driver stops calling `next`: held waits that come due are
     /// nacked here, which frees room (G5); without it they would wait forever.
     async fn idle(&mut self) {
-        if self.unacked.waiting() > 0 {
+        if self.unacked.waiting() > 0 || self.sending.is_some() {
             self.flush_acks().await;
         }
         let Some(due) = self.held.next_due() else {

@@ -579,3 +579,55 @@ async fn r1_a_multiple_ack_never_covers_a_delivery_still_running() {
         "a, c and d were acked, and only they"
     );
 }
+
+/// R1: acks whose send was cut short (the runtime drops a fetch when a lane finishes
+/// first) are finished by the next call, not forgotten: `b` and `c` are acked while `a`
+/// still runs, so they go alone; the fetch that starts sending them is dropped after one
+/// poll; the next fetch and the stop send what is left; only `a` comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r1_acks_cut_short_by_a_dropped_fetch_are_sent_by_the_next() {
+    use ruststream_core::{Declaration, Delivery, Descriptor, Settle, Subscription};
+    let rabbit = rabbit().await;
+    let queue = format!("r1-cut-short-{}", unique_suffix());
+    declare(&rabbit, &queue, &[]).await;
+    for payload in [&b"a"[..], b"b", b"c"] {
+        send(&rabbit, &queue, payload).await;
+    }
+    let mut subscription = rabbit
+        .queue(&queue)
+        .open(&Declaration::default())
+        .await
+        .expect("opens");
+    let mut receipts = Vec::new();
+    for _ in 0..3 {
+        let mut slot = Delivery::empty();
+        let receipt = subscription.next_into(&mut slot).await.expect("a delivery");
+        receipts.push((slot.payload().clone(), receipt.expect("received")));
+    }
+    for (payload, receipt) in receipts {
+        if &payload[..] != b"a" {
+            subscription
+                .settle(receipt, Settle::Ack)
+                .await
+                .expect("acked");
+        }
+    }
+    let mut slot = Delivery::empty();
+    let mut fetch = Box::pin(subscription.next_into(&mut slot));
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    assert!(
+        fetch.as_mut().poll(&mut cx).is_pending(),
+        "nothing more to fetch"
+    );
+    drop(fetch);
+    let mut slot = Delivery::empty();
+    let again = tokio::time::timeout(
+        Duration::from_millis(300),
+        subscription.next_into(&mut slot),
+    );
+    assert!(again.await.is_err(), "nothing more to fetch");
+    subscription.close().await;
+    let back = arrives(&rabbit, &queue).await.expect("a is given back");
+    assert_eq!(back.data, b"a");
+    assert!(get(&rabbit, &queue).await.is_none(), "b and c were acked");
+}
