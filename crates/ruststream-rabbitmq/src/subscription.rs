@@ -134,20 +134,22 @@ impl RabbitSubscription {
         )
     }
 
-    /// Nacks the earliest held wait if it is due; whether one was. Popped once nacked: a
-    /// call cut short leaves it held for the next call. Held waits are cleared with a
-    /// lost session, so these belong to the current one.
+    /// Nacks the earliest held wait if it is due; whether one was. Popped before the
+    /// nack: lapin queues the frame at the first poll, so a call cut short after it has
+    /// still nacked (a second nack of the tag would close the channel). Held waits are
+    /// cleared with a lost session, so these belong to the current one.
     async fn nack_due(&mut self) -> bool {
-        let Some(first) = self.held.due_at(Instant::now()) else {
+        if self.held.due_at(Instant::now()).is_none() {
+            return false;
+        }
+        let Some(first) = self.held.pop() else {
             return false;
         };
+        self.unacked.settled(first.tag);
         let nacked = match &self.session {
             Some(session) => nack(&mut self.settle_timer, &session.channel, first.tag).await,
             None => Ok(()),
         };
-        let tag = first.tag;
-        self.held.pop();
-        self.unacked.settled(tag);
         if let Err(e) = nacked {
             tracing::warn!(address = &*self.address, error = %e, "nack after retry_after failed");
         }
