@@ -60,6 +60,10 @@ async fn main() {
         }
     };
     compare("kafka/publish", n, rounds, raw, framework).await;
+    admin
+        .delete_topics(&[&topic], &AdminOptions::new())
+        .await
+        .expect("topic deleted");
     std::mem::forget(admin);
     tokio::time::sleep(Duration::from_millis(10)).await;
 }

@@ -1,4 +1,4 @@
-//! `send_all` of many messages to a JetStream stream next to the raw client's own
+//! `send_all` of many messages to a JetStream stream, then on Core NATS, next to the raw client's own
 //! pipelined publish (`publish` after `publish`, a window of 1,000 acks in flight), rate compared, in
 //! alternating rounds. Needs nats-server with JetStream at `RUSTSTREAM_NATS_URL`.
 //!
@@ -67,4 +67,33 @@ async fn main() {
     };
     compare("jetstream/publish", n, rounds, raw, framework).await;
     js.delete_stream(&name).await.expect("deleted");
+    core(&nats, n, rounds).await;
+}
+
+/// Core NATS: the raw loop publishes every message, then flushes once (what Core NATS
+/// confirms: the server took the bytes); `send_all` likewise.
+async fn core(nats: &Nats, n: usize, rounds: usize) {
+    let subject = format!("bench.publish.core.{}", std::process::id());
+    let raw = |_round: usize| {
+        let (client, subject) = (nats.client().clone(), subject.clone());
+        async move {
+            for _ in 0..n {
+                client
+                    .publish(subject.clone(), Bytes::from_static(PAYLOAD))
+                    .await
+                    .expect("sent");
+            }
+            client.flush().await.expect("flushed");
+        }
+    };
+    let publisher = Publisher::new(nats.publish_handle());
+    let framework = |_round: usize| {
+        let (publisher, subject) = (publisher.clone(), subject.clone());
+        async move {
+            let messages = (0..n).map(|_| Outgoing::new(subject.as_str(), PAYLOAD));
+            let results = publisher.send_all(messages).await;
+            assert!(results.iter().all(Result::is_ok), "every message flushed");
+        }
+    };
+    compare("core/publish", n, rounds, raw, framework).await;
 }

@@ -7,7 +7,9 @@
 use ruststream::Publisher;
 use ruststream::core::Outgoing;
 use ruststream_rabbitmq::lapin::BasicProperties;
-use ruststream_rabbitmq::lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use ruststream_rabbitmq::lapin::options::{
+    BasicPublishOptions, ConfirmSelectOptions, QueueDeleteOptions,
+};
 use ruststream_rabbitmq::lapin::types::ShortString;
 use ruststream_rabbitmq::{QueueKind, RabbitMq};
 use ruststream_test_support::bench::{PAYLOAD, env_count};
@@ -69,4 +71,15 @@ async fn main() {
         }
     };
     compare("rabbitmq/publish", n, rounds, raw, framework).await;
+    // Persistent messages left behind would fill the broker's disk run after run.
+    let channel = rabbit.connection().create_channel().await.expect("channel");
+    for queue in &queues {
+        channel
+            .queue_delete(
+                ShortString::from(queue.as_str()),
+                QueueDeleteOptions::default(),
+            )
+            .await
+            .expect("queue deleted");
+    }
 }

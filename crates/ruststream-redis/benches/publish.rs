@@ -44,4 +44,15 @@ async fn main() {
         }
     };
     compare("redis/publish", n, rounds, raw, framework).await;
+    // What the rounds wrote would stay in the broker's memory run after run.
+    let mut connection = redis.connection();
+    for side in ["raw", "send-all"] {
+        for round in 0..rounds {
+            let _: i64 = redis::cmd("DEL")
+                .arg(stream(side, round))
+                .query_async(&mut connection)
+                .await
+                .expect("stream deleted");
+        }
+    }
 }
