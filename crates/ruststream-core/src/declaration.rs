@@ -24,6 +24,12 @@ pub struct Declaration {
     /// resolved it: a transport whose client buffers what the broker sends ahead
     /// (RabbitMQ's prefetch) sends no more ahead than this.
     pub max_in_flight: Option<usize>,
+    /// How many consumers the registration opens on this subscription, each with its own
+    /// driver (`consumers(n)`; 0 reads as 1). `max_in_flight` is each one's.
+    pub consumers: usize,
+    /// Which of them this one is, from 0 (set for each `Descriptor::open`): a transport
+    /// that names its consumers (Redis) tells them apart by it.
+    pub consumer: usize,
 }
 
 impl Declaration {
@@ -31,5 +37,10 @@ impl Declaration {
     /// on the runtime retry path for brokers that count nothing.
     pub fn declares_retries(&self) -> bool {
         self.max_attempts.is_some() || self.dead_letter.is_some()
+    }
+
+    /// How many consumers the registration opens, at least 1.
+    pub fn consumer_count(&self) -> usize {
+        self.consumers.max(1)
     }
 }

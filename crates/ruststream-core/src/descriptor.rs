@@ -14,8 +14,9 @@ use crate::plan::Settle;
 use crate::publish::Publish;
 
 /// A subscription descriptor bound to its broker: what to read, and what the broker can
-/// do for it. The runtime validates registrations against it, then opens it.
-pub trait Descriptor: Send + 'static {
+/// do for it. The runtime validates registrations against it, then opens it, once for
+/// each of the registration's consumers (a clone each).
+pub trait Descriptor: Clone + Send + 'static {
     /// The open subscription.
     type Subscription: Subscription;
 

@@ -53,6 +53,25 @@ impl Source {
         }
     }
 
+    /// Why `consumers` consumers cannot share this subscription, if they cannot.
+    fn consumers_rule(&self, consumers: usize) -> Option<String> {
+        if consumers < 2 {
+            return None;
+        }
+        if let Selection::Partitions(_) = self.selection {
+            return Some(format!(
+                "consumers({consumers}) on explicitly assigned partitions: each consumer would \
+                 read every one of them; let the group share the topic's partitions instead"
+            ));
+        }
+        matches!(self.commit, Commit::Transactional(_)).then(|| {
+            format!(
+                "consumers({consumers}) under Commit::Transactional: one EosPipeline commits \
+                 for one consumer; run more processes, each with its own transactional id"
+            )
+        })
+    }
+
     fn check(&self) -> Vec<String> {
         let mut broken = self.settings.contradictions(self.commit.mode());
         if self.group.is_empty() {
@@ -369,8 +388,10 @@ macro_rules! descriptor {
                 self.source.commit.capabilities()
             }
 
-            fn check(&self, _declaration: &Declaration) -> Vec<String> {
-                self.source.check()
+            fn check(&self, declaration: &Declaration) -> Vec<String> {
+                let mut broken = self.source.check();
+                broken.extend(self.source.consumers_rule(declaration.consumer_count()));
+                broken
             }
 
             fn reads(&self, address: &str) -> bool {

@@ -70,6 +70,17 @@ impl CoreWildcard {
     }
 }
 
+/// Several consumers of a Core subscription share its messages only as members of one
+/// queue group: without one, each would receive every message.
+fn consumers_rule(subject: &str, queue_group: Option<&str>, consumers: usize) -> Option<String> {
+    (consumers > 1 && queue_group.is_none()).then(|| {
+        format!(
+            "consumers({consumers}) on `{subject}` without a queue group: every consumer would \
+             receive every message; name one with .queue_group(name)"
+        )
+    })
+}
+
 fn wildcard_rule(subject: &str, wildcard: bool) -> Vec<String> {
     let has_wildcard = subject.split('.').any(|t| t == "*" || t == ">");
     match (wildcard, has_wildcard) {
@@ -133,8 +144,11 @@ impl Descriptor for CoreSubject {
         Capabilities::NOTHING
     }
 
-    fn check(&self, _declaration: &Declaration) -> Vec<String> {
-        wildcard_rule(&self.subject, false)
+    fn check(&self, declaration: &Declaration) -> Vec<String> {
+        let mut broken = wildcard_rule(&self.subject, false);
+        let (group, consumers) = (self.queue_group.as_deref(), declaration.consumer_count());
+        broken.extend(consumers_rule(&self.subject, group, consumers));
+        broken
     }
 
     fn address_rule(&self, address: &str) -> Option<String> {
@@ -175,8 +189,11 @@ impl Descriptor for CoreWildcard {
         Capabilities::NOTHING
     }
 
-    fn check(&self, _declaration: &Declaration) -> Vec<String> {
-        wildcard_rule(&self.pattern, true)
+    fn check(&self, declaration: &Declaration) -> Vec<String> {
+        let mut broken = wildcard_rule(&self.pattern, true);
+        let (group, consumers) = (self.queue_group.as_deref(), declaration.consumer_count());
+        broken.extend(consumers_rule(&self.pattern, group, consumers));
+        broken
     }
 
     fn reads(&self, address: &str) -> bool {

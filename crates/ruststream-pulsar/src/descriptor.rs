@@ -159,6 +159,14 @@ impl Descriptor for PulsarTopic {
                 self.sub_type
             ));
         }
+        let consumers = declaration.consumer_count();
+        if consumers > 1 && !self.counts() {
+            broken.push(format!(
+                "consumers({consumers}) on a {:?} subscription: only one of its consumers \
+                 receives messages at a time; use Shared or KeyShared",
+                self.sub_type
+            ));
+        }
         if let StartAt::Time(_) = self.start_at {
             broken.push(
                 "start_at(StartAt::Time(..)) is refused on Pulsar: a real broker can seek a subscription to a time, but on the broker ruststream is tested on (pulsar-lite) a seek by time does not redeliver to the consumer that asked, so it cannot be shown to work; a new subscription starts at the earliest or the latest message".to_owned(),

@@ -84,7 +84,8 @@ impl RedisStream {
     /// `<hostname>-<pid>-<n>`, n counting the subscriptions this process opened). With a
     /// name that stays the same across restarts, a restarted service reads its own
     /// pending entries again at once instead of after the claim timeout; two
-    /// subscriptions open at once must not share one.
+    /// subscriptions open at once must not share one. A registration with
+    /// `consumers(n)` names its consumers `<name>-0` to `<name>-<n-1>`.
     pub fn consumer(mut self, name: impl Into<String>) -> Self {
         self.consumer = Some(name.into());
         self
@@ -113,9 +114,13 @@ impl RedisStream {
         self
     }
 
-    /// The consumer name, and whether it was named here (not by the user).
-    pub(crate) fn consumer_name(&self) -> (String, bool) {
+    /// The consumer name, and whether it was named here (not by the user). Of several
+    /// consumers (`consumers(n)`), the one numbered `i` is `<name>-<i>`.
+    pub(crate) fn consumer_name(&self, declaration: &Declaration) -> (String, bool) {
         match &self.consumer {
+            Some(name) if declaration.consumer_count() > 1 => {
+                (format!("{name}-{}", declaration.consumer), false)
+            }
             Some(name) => (name.clone(), false),
             None => (crate::consumers::generated_name(), true),
         }
@@ -202,7 +207,7 @@ impl Descriptor for RedisStream {
             .await
             .map_err(|e| SubscribeError::new(stream, e))?;
         crate::consumers::remove_departed(&mut commands, stream, &self.group).await;
-        let (consumer, named_here) = self.consumer_name();
+        let (consumer, named_here) = self.consumer_name(declaration);
         let shared = Arc::new(Shared {
             stream: Arc::from(stream),
             group: self.group.clone(),

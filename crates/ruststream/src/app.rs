@@ -248,19 +248,19 @@ impl App {
         };
         for mount in self.mounts {
             let (name, address) = (mount.name().to_owned(), mount.address().to_owned());
-            match mount.start(env.clone()).await {
-                Ok(started) => {
-                    running.drivers.push(started.driver);
-                    running.in_flight.push(started.in_flight);
-                }
-                Err(source) => {
-                    running.stop().await;
-                    return Err(StartError::Open {
-                        registration: name,
-                        address,
-                        source,
-                    });
-                }
+            let mut started = Vec::new();
+            let opened = mount.start(env.clone(), &mut started).await;
+            for started in started {
+                running.drivers.push(started.driver);
+                running.in_flight.push(started.in_flight);
+            }
+            if let Err(source) = opened {
+                running.stop().await;
+                return Err(StartError::Open {
+                    registration: name,
+                    address,
+                    source,
+                });
             }
         }
         health.started();

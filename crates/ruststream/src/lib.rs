@@ -103,7 +103,8 @@ pub use group::Registrations;
 pub use handler::{Handler, IntoOutcome};
 pub use publisher::{PublishBuilder, Publisher};
 pub use registration::{
-    DEFAULT_MAX_IN_FLIGHT, FailurePolicy, LaneKey, MAX_LANES, Registration, on, on_batch,
+    DEFAULT_MAX_IN_FLIGHT, FailurePolicy, LaneKey, MAX_CONSUMERS, MAX_LANES, Registration, on,
+    on_batch,
 };
 pub use ruststream_core as core;
 pub use ruststream_core::{

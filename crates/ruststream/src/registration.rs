@@ -89,6 +89,8 @@ pub(crate) struct Options {
     pub(crate) dead_letter: Option<String>,
     pub(crate) retry_to: Option<String>,
     pub(crate) lanes: usize,
+    /// Subscriptions opened, each with its own driver task.
+    pub(crate) consumers: usize,
     pub(crate) lane_key: LaneKey,
     pub(crate) failure_policy: FailurePolicy,
     pub(crate) timeout: Option<Duration>,
@@ -116,6 +118,15 @@ impl Options {
                 self.lanes
             ));
         }
+        if self.consumers == 0 {
+            broken.push("consumers must be at least 1".to_owned());
+        }
+        if self.consumers > MAX_CONSUMERS {
+            broken.push(format!(
+                "consumers({}) is above the bound of {MAX_CONSUMERS}; run more processes instead",
+                self.consumers
+            ));
+        }
         if self.max_in_flight == 0 {
             broken.push("max_in_flight must be at least 1".to_owned());
         }
@@ -137,6 +148,10 @@ pub const DEFAULT_MAX_IN_FLIGHT: usize = 1024;
 /// past this a registration is better split.
 pub const MAX_LANES: usize = 1024;
 
+/// The most consumers one registration may open in one process (SPEC G4): each is a
+/// subscription of its own on the broker, and a task.
+pub const MAX_CONSUMERS: usize = 256;
+
 impl Default for Options {
     fn default() -> Self {
         Self {
@@ -144,6 +159,7 @@ impl Default for Options {
             dead_letter: None,
             retry_to: None,
             lanes: 1,
+            consumers: 1,
             lane_key: LaneKey::Key,
             failure_policy: FailurePolicy::DeadLetter,
             timeout: None,
@@ -202,6 +218,20 @@ impl<D: Descriptor, S> Registration<D, S> {
     /// timers and the health endpoint on the same thread keep running.
     pub fn lanes(mut self, n: usize) -> Self {
         self.options.lanes = n;
+        self
+    }
+
+    /// Opens `n` subscriptions of this registration (default 1, at most
+    /// [`MAX_CONSUMERS`]), each with its own driver task, so on a multi-threaded runtime
+    /// `n` handlers compute at once: Kafka `n` members of the group, JetStream `n` pullers
+    /// on the durable consumer, RabbitMQ `n` consumers each on its own channel, Redis `n`
+    /// consumer names in the group, Pulsar `n` consumers of a `Shared` or `KeyShared`
+    /// subscription, Core NATS `n` members of the queue group, the memory broker `n`
+    /// competing consumers. `lanes`, `max_in_flight` and per-key order are each
+    /// consumer's; metrics and health count them as one registration. See the guide's
+    /// "Scaling a service".
+    pub fn consumers(mut self, n: usize) -> Self {
+        self.options.consumers = n;
         self
     }
 
@@ -274,6 +304,7 @@ impl<D: Descriptor, S> Registration<D, S> {
         declaration.max_attempts = self.options.max_attempts;
         declaration.dead_letter = self.options.dead_letter.as_deref().map(Arc::from);
         declaration.retry_address = retry.map(Arc::from);
+        declaration.consumers = self.options.consumers;
         declaration
     }
 

@@ -18,6 +18,7 @@ use ruststream::{App, HandlerOutcome, Payload, RETRY_COUNT_HEADER, on};
 
 /// Reads one memory address but claims, like a multi-topic read, that no single publish
 /// reaches what it reads, on a broker that counts nothing (Kafka-like).
+#[derive(Clone)]
 struct SeveralAddresses(MemoryTopic);
 
 impl Descriptor for SeveralAddresses {

@@ -210,7 +210,7 @@ impl Descriptor for JetStreamConsumer {
             self.refuse_own_capture(&mut stream, dead, &address).await?;
         }
         let consumer: async_nats::jetstream::consumer::PullConsumer = stream
-            .create_consumer(self.pull_config(declaration.max_in_flight))
+            .create_consumer(self.pull_config(declaration))
             .await
             .map_err(|e| {
                 let what = format!("consumer `{}` on stream `{}`", self.consumer, self.stream);
@@ -257,8 +257,13 @@ impl Descriptor for JetStreamConsumer {
 impl JetStreamConsumer {
     /// The durable pull consumer this descriptor creates (or updates); `max_ack_pending`
     /// defaults to `max_in_flight`.
-    fn pull_config(&self, max_in_flight: Option<usize>) -> pull::Config {
-        let in_flight = max_in_flight.map(|most| i64::try_from(most).unwrap_or(i64::MAX));
+    /// The durable consumer's configuration. Unless set, its `max_ack_pending` is what
+    /// the registration's consumers hold at most together (`max_in_flight` each).
+    fn pull_config(&self, declaration: &Declaration) -> pull::Config {
+        let in_flight = declaration.max_in_flight.map(|most| {
+            let together = most.saturating_mul(declaration.consumer_count());
+            i64::try_from(together).unwrap_or(i64::MAX)
+        });
         pull::Config {
             durable_name: Some(self.consumer.clone()),
             filter_subject: self.filter_subject.clone().unwrap_or_default(),

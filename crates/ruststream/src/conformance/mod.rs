@@ -11,7 +11,7 @@
 //! finish and settles it; `drop()` is final; two members of a group share the work;
 //! broken registrations are refused all at once; the retry path follows the capabilities
 //! the transport declares on its descriptor (the broker's own count, or the runtime's
-//! header-counted copies). Bad input (an undecodable payload,
+//! header-counted copies); `consumers(2)` shares one registration's work in one app. Bad input (an undecodable payload,
 //! forged retry counts, empty and large payloads, hostile header values) never crashes
 //! the service, loses nothing, and prints a `RELIABILITY|…` line for RELIABILITY.md.
 
@@ -19,6 +19,7 @@ mod bad_input;
 mod batches;
 mod outcomes;
 mod running;
+mod scale;
 mod support;
 
 use std::future::Future;
@@ -45,6 +46,7 @@ pub use running::{
     e4_broken_registrations_are_all_refused, g1_a_hung_handler_is_cancelled_at_its_deadline,
     g4_unbounded_registrations_are_refused, lanes_keep_per_key_order,
 };
+pub use scale::consumers_share_the_work_in_one_app;
 
 use crate::Publisher;
 
@@ -92,7 +94,7 @@ pub trait Bed: Send + Sync + 'static {
 #[macro_export]
 macro_rules! conformance_tests {
     ($bed:expr) => {
-        $crate::conformance_tests!(@each $bed; round_trip, ack_is_final, retry_is_the_next_attempt, retry_after_waits, g2_backoff_spaces_every_retry, cap_and_dead_letter, e3_stop_drains_and_settles, e1_undecodable_is_dead_lettered, e1_undecodable_without_a_dead_letter_is_dropped_once, forged_retry_counts_end_in_one_dead_letter, empty_and_large_payloads_arrive_intact, e2_a_panic_is_a_failed_attempt, drop_is_final, retry_path_follows_the_capabilities, competing_consumers_share_the_work, e4_broken_registrations_are_all_refused, hostile_headers_arrive_intact_or_are_refused_by_name, g4_unbounded_registrations_are_refused, g1_a_hung_handler_is_cancelled_at_its_deadline, batch_outcomes_settle_each_message_as_alone, batch_failures_retry_every_message, batch_is_cut_by_size_and_by_time);
+        $crate::conformance_tests!(@each $bed; round_trip, ack_is_final, retry_is_the_next_attempt, retry_after_waits, g2_backoff_spaces_every_retry, cap_and_dead_letter, e3_stop_drains_and_settles, e1_undecodable_is_dead_lettered, e1_undecodable_without_a_dead_letter_is_dropped_once, forged_retry_counts_end_in_one_dead_letter, empty_and_large_payloads_arrive_intact, e2_a_panic_is_a_failed_attempt, drop_is_final, retry_path_follows_the_capabilities, competing_consumers_share_the_work, e4_broken_registrations_are_all_refused, hostile_headers_arrive_intact_or_are_refused_by_name, g4_unbounded_registrations_are_refused, g1_a_hung_handler_is_cancelled_at_its_deadline, batch_outcomes_settle_each_message_as_alone, batch_failures_retry_every_message, batch_is_cut_by_size_and_by_time, consumers_share_the_work_in_one_app);
     };
     ($bed:expr, keys) => {
         $crate::conformance_tests!($bed);

@@ -15,17 +15,15 @@ mod work;
 
 use std::sync::Arc;
 
-use ruststream_core::{BoxFuture, Descriptor, SubscribeError, Subscription};
+use ruststream_core::{BoxFuture, Declaration, Descriptor, SubscribeError, Subscription};
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 
 use crate::batch::{BatchService, CallBatch};
-use crate::registration::BatchLimits;
 
 use crate::extract::Context;
 use crate::middleware::Service;
 use crate::publisher::Publisher;
-use crate::registration::Registration;
+use crate::registration::{Options, Registration};
 use crate::state::StateMap;
 
 use crate::in_flight::InFlight;
@@ -47,20 +45,20 @@ impl<D: Descriptor, S: Service> Mount for Registration<D, S> {
         Registration::violations(self, state)
     }
 
-    fn start(self: Box<Self>, env: Env) -> BoxFuture<'static, Result<Started, SubscribeError>> {
-        Box::pin(async move {
-            let (opened, started) = open(*self, env).await?;
-            let Opened {
-                subscription,
-                shared,
-                lanes,
-                stop,
-                deadlines,
-                ..
-            } = opened;
-            let driver = tokio::spawn(driver::drive(subscription, shared, lanes, stop, deadlines));
-            Ok(started(driver))
-        })
+    fn start<'a>(
+        self: Box<Self>,
+        env: Env,
+        started: &'a mut Vec<Started>,
+    ) -> BoxFuture<'a, Result<(), SubscribeError>> {
+        Box::pin(start_each(*self, env, started, |opened| {
+            driver::drive(
+                opened.subscription,
+                opened.shared,
+                opened.lanes,
+                opened.stop,
+                opened.deadlines,
+            )
+        }))
     }
 }
 
@@ -82,118 +80,156 @@ where
         Registration::violations(self, state)
     }
 
-    fn start(self: Box<Self>, env: Env) -> BoxFuture<'static, Result<Started, SubscribeError>> {
-        Box::pin(async move {
-            let (opened, started) = open(*self, env).await?;
-            let Opened {
-                subscription,
-                shared,
-                lanes,
-                stop,
-                deadlines,
-                batch,
-            } = opened;
-            let limits = batch.unwrap_or_default();
-            let driver = tokio::spawn(driver::drive_batches(
-                subscription,
-                shared,
-                lanes,
+    fn start<'a>(
+        self: Box<Self>,
+        env: Env,
+        started: &'a mut Vec<Started>,
+    ) -> BoxFuture<'a, Result<(), SubscribeError>> {
+        let limits = self.options.batch.unwrap_or_default();
+        Box::pin(start_each(*self, env, started, move |opened| {
+            driver::drive_batches(
+                opened.subscription,
+                opened.shared,
+                opened.lanes,
                 limits,
-                stop,
-                deadlines,
-            ));
-            Ok(started(driver))
-        })
+                opened.stop,
+                opened.deadlines,
+            )
+        }))
     }
 }
 
-/// An opened registration, ready for its driver.
+/// An opened subscription of a registration, ready for its driver.
 struct Opened<Sub, S> {
     subscription: Sub,
     shared: Arc<Shared<S>>,
     lanes: driver::Lanes,
     stop: watch::Receiver<bool>,
     deadlines: driver::Deadlines,
-    batch: Option<BatchLimits>,
 }
 
-/// Opens the registration's subscription and makes what its driver shares with its
-/// lanes; the second value makes the started registration of its driver's task.
-async fn open<D: Descriptor, S: Send + Sync + 'static>(
+/// Opens each of the registration's consumers in turn and spawns its driver (`drive`),
+/// adding it to `started` at once, so a later consumer that fails to open leaves the
+/// earlier ones to the app's stop.
+async fn start_each<D, S, Run, Driven>(
     this: Registration<D, S>,
     env: Env,
-) -> Result<
-    (
-        Opened<D::Subscription, S>,
-        impl FnOnce(JoinHandle<()>) -> Started,
-    ),
-    SubscribeError,
-> {
+    started: &mut Vec<Started>,
+    drive: Run,
+) -> Result<(), SubscribeError>
+where
+    D: Descriptor,
+    S: Send + Sync + 'static,
+    Run: Fn(Opened<D::Subscription, S>) -> Driven,
+    Driven: Future<Output = ()> + Send + 'static,
+{
     let deadline = this.options.timeout.unwrap_or(env.handler_timeout);
     let mut declaration = this.declaration();
     declaration.handler_timeout = Some(deadline);
     declaration.max_in_flight = Some(this.options.max_in_flight);
-    let capabilities = this.descriptor.capabilities();
-    let transport = this.descriptor.transport();
-    let copies = this.descriptor.publisher();
     let registration: Arc<str> = Arc::from(this.name.as_str());
+    let copies = this.descriptor.publisher();
+    let common = Common {
+        context: Arc::new(Context {
+            registration: Arc::clone(&registration),
+            state: Arc::clone(&env.state),
+            publisher: Publisher::new(Arc::clone(&copies)),
+        }),
+        service: Arc::new(this.service),
+        capabilities: this.descriptor.capabilities(),
+        copies,
+        registration,
+        deadline,
+    };
+    for consumer in 0..declaration.consumer_count() {
+        declaration.consumer = consumer;
+        let descriptor = this.descriptor.clone();
+        let (opened, in_flight) =
+            open(descriptor, &declaration, &common, &this.options, &env).await?;
+        started.push(Started {
+            driver: tokio::spawn(drive(opened)),
+            in_flight,
+        });
+    }
+    Ok(())
+}
+
+/// What every consumer of one registration shares.
+struct Common<S> {
+    context: Arc<Context>,
+    service: Arc<S>,
+    capabilities: ruststream_core::Capabilities,
+    copies: Arc<dyn ruststream_core::Publish>,
+    registration: Arc<str>,
+    deadline: std::time::Duration,
+}
+
+/// Opens one consumer's subscription and makes what its driver shares with its lanes.
+async fn open<D: Descriptor, S>(
+    descriptor: D,
+    declaration: &Declaration,
+    common: &Common<S>,
+    options: &Options,
+    env: &Env,
+) -> Result<(Opened<D::Subscription, S>, Arc<InFlight>), SubscribeError> {
+    let transport = descriptor.transport();
+    let registration = &common.registration;
     let in_flight = Arc::new(InFlight::new(
-        Arc::clone(&registration),
-        this.descriptor.address().to_owned(),
+        Arc::clone(registration),
+        descriptor.address().to_owned(),
     ));
-    let subscription = this.descriptor.open(&declaration).await?;
+    let subscription = descriptor.open(declaration).await?;
     let health = env.health.add(
-        Arc::clone(&registration),
+        Arc::clone(registration),
         in_flight.address.clone(),
         subscription.link(),
     );
+    // One backlog probe per registration: every consumer would tell the same figure.
+    let backlog = (declaration.consumer == 0)
+        .then(|| subscription.backlog())
+        .flatten();
     let metrics = env.metrics.as_ref().map(|m| {
         m.instruments(
-            &registration,
+            registration,
             &in_flight.address,
             transport,
             Arc::clone(&in_flight),
-            subscription.backlog(),
+            backlog,
         )
     });
     // `ack()` and `drop()` plan alike for every delivery of a registration.
-    let planned = shared::Planned::for_registration(&declaration, &capabilities);
+    let planned = shared::Planned::for_registration(declaration, &common.capabilities);
     let shared = Arc::new(Shared {
         planned,
-        context: Arc::new(Context {
-            registration: Arc::clone(&registration),
-            state: env.state,
-            publisher: Publisher::new(Arc::clone(&copies)),
-        }),
-        service: this.service,
-        declaration,
-        capabilities,
-        copies,
-        failure_policy: this.options.failure_policy,
-        deadline,
-        backoff: this.options.backoff,
+        context: Arc::clone(&common.context),
+        service: Arc::clone(&common.service),
+        declaration: declaration.clone(),
+        capabilities: common.capabilities,
+        copies: Arc::clone(&common.copies),
+        failure_policy: options.failure_policy,
+        deadline: common.deadline,
+        backoff: options.backoff,
         refusals: refusals::Refusals::default(),
         stop: env.stop.clone(),
-        observer: env.observer,
+        observer: env.observer.clone(),
         in_flight: Arc::clone(&in_flight),
-        max_in_flight: this.options.max_in_flight,
+        max_in_flight: options.max_in_flight,
         metrics,
         health,
-        registration,
+        registration: Arc::clone(registration),
     });
     let opened = Opened {
         subscription,
         shared,
         lanes: driver::Lanes {
-            count: this.options.lanes.max(1),
-            key: this.options.lane_key,
+            count: options.lanes.max(1),
+            key: options.lane_key,
         },
-        stop: env.stop,
+        stop: env.stop.clone(),
         deadlines: driver::Deadlines {
             drain: env.drain_timeout,
             close: env.close_timeout,
         },
-        batch: this.options.batch,
     };
-    Ok((opened, move |driver| Started { driver, in_flight }))
+    Ok((opened, in_flight))
 }

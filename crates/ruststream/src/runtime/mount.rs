@@ -37,8 +37,13 @@ pub(crate) trait Mount: Send {
     fn name(&self) -> &str;
     fn address(&self) -> &str;
     fn violations(&self, state: &StateMap) -> Vec<String>;
-    /// Opens the subscription and spawns its driver.
-    fn start(self: Box<Self>, env: Env) -> BoxFuture<'static, Result<Started, SubscribeError>>;
+    /// Opens the registration's subscriptions (one per consumer) and spawns their
+    /// drivers, each added to `started` as soon as it runs.
+    fn start<'a>(
+        self: Box<Self>,
+        env: Env,
+        started: &'a mut Vec<Started>,
+    ) -> BoxFuture<'a, Result<(), SubscribeError>>;
 }
 
 /// One handled delivery, as an observer sees it.

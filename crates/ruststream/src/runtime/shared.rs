@@ -19,7 +19,8 @@ use crate::registration::FailurePolicy;
 
 /// What the driver and its lanes share.
 pub(crate) struct Shared<S> {
-    pub(crate) service: S,
+    /// The handler (with its middleware), shared by the registration's consumers.
+    pub(crate) service: Arc<S>,
     /// The plans of `ack()` and `drop()`, made once.
     pub(crate) planned: Planned,
     pub(crate) context: Arc<Context>,

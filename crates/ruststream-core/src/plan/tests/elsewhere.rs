@@ -74,6 +74,7 @@ fn p5_broker_dead_letter_policy_means_the_runtime_only_nacks() {
         retry_address: None,
         handler_timeout: None,
         max_in_flight: None,
+        ..Declaration::default()
     };
     // Even at the cap the client's policy, not the runtime, moves the message.
     assert_eq!(

@@ -138,6 +138,7 @@ fn k7_dead_letter_alone_puts_retry_on_the_copy_path() {
         retry_address: Some(Arc::from("orders")),
         handler_timeout: None,
         max_in_flight: None,
+        ..Declaration::default()
     };
     assert_eq!(
         run(HandlerOutcome::retry(), 7, &d, &KAFKA_AUTO),

@@ -83,6 +83,7 @@ fn undeclared(retry_address: Option<&str>) -> Declaration {
         retry_address: retry_address.map(Arc::from),
         handler_timeout: None,
         max_in_flight: None,
+        ..Declaration::default()
     }
 }
 
@@ -93,6 +94,7 @@ fn capped(max: u32, dead_letter: Option<&str>) -> Declaration {
         retry_address: Some(Arc::from("orders")),
         handler_timeout: None,
         max_in_flight: None,
+        ..Declaration::default()
     }
 }
 
