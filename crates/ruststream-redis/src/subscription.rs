@@ -104,7 +104,8 @@ impl RedisSubscription {
     }
 
     /// Claims the earliest held wait again if it is due (`None` when none is). Popped once
-    /// claimed: a call cut short leaves it held for the next call.
+    /// claimed: a call cut short leaves it held for the next call, whose claim sets the
+    /// same delivery count (Redis runs a command once sent, even if its reply is dropped).
     async fn claim_due(&mut self) -> Option<Result<(), SubscribeError>> {
         let receipt = *self.held.due_at(Instant::now())?;
         let claimed = self.claim_again(receipt).await;
@@ -117,7 +118,8 @@ impl RedisSubscription {
         }))
     }
 
-    /// Claims `receipt`'s entry to this consumer now (counted by Redis) and queues it to be
+    /// Claims `receipt`'s entry to this consumer now, its delivery count set to the next
+    /// attempt (set, not added to: a claim sent twice counts once), and queues it to be
     /// delivered next; an entry gone from the stream is forgotten.
     async fn claim_again(&mut self, receipt: RedisReceipt) -> Result<(), AckError> {
         let claimed = redis::cmd("XCLAIM")
@@ -126,6 +128,8 @@ impl RedisSubscription {
             .arg(&self.shared.consumer)
             .arg(0)
             .arg(receipt.id)
+            .arg("RETRYCOUNT")
+            .arg(receipt.attempt.saturating_add(1))
             .query_async::<redis::Value>(&mut self.commands)
             .await;
         match claimed {
