@@ -41,7 +41,11 @@ fn key(id: &MessageIdData) -> IdKey {
     )
 }
 
-/// A delivery held for its `retry_after`, nacked when due.
+/// A subscribe on its way (see `PulsarSubscription::resubscribe`).
+type Subscribing = std::pin::Pin<
+    Box<dyn Future<Output = Result<Consumer<Vec<u8>, TokioExecutor>, pulsar::Error>> + Send>,
+>;
+
 /// An open subscription. Only its driver task calls it, so every ack, nack and held
 /// redelivery is made by the driver task (P3).
 pub struct PulsarSubscription {
@@ -53,6 +57,10 @@ pub struct PulsarSubscription {
     /// When the last consumer was built: a stream that keeps ending (a terminated topic)
     /// is subscribed to again at most once a second.
     subscribed_at: Instant,
+    /// A subscribe on its way: kept, so that a fetch the runtime drops halfway leaves it
+    /// to the next call instead of leaving a consumer registered with the broker that
+    /// nobody reads (one an `Exclusive` subscription would then refuse the next for).
+    subscribing: Option<Subscribing>,
     address: Arc<str>,
     counts: bool,
     max_attempts: Option<u32>,
@@ -83,6 +91,7 @@ impl PulsarSubscription {
             consumer: Some(consumer),
             builder,
             subscribed_at: Instant::now(),
+            subscribing: None,
             address: Arc::from(address),
             counts,
             max_attempts,
@@ -154,14 +163,23 @@ impl PulsarSubscription {
         Some(PulsarReceipt { topic, id })
     }
 
-    /// Subscribes again after the last consumer's stream ended.
+    /// Subscribes again after the last consumer's stream ended (a subscribe cut short is
+    /// finished by the next call).
     async fn resubscribe(&mut self) -> Result<(), SubscribeError> {
-        tokio::time::sleep_until(self.subscribed_at + RESUBSCRIBE_PAUSE).await;
-        self.subscribed_at = Instant::now();
-        let consumer =
-            self.builder.clone().build::<Vec<u8>>().await.map_err(|e| {
-                SubscribeError::new(&*self.address, format!("subscribing again: {e}"))
-            })?;
+        let subscribing = match &mut self.subscribing {
+            Some(subscribing) => subscribing,
+            None => {
+                tokio::time::sleep_until(self.subscribed_at + RESUBSCRIBE_PAUSE).await;
+                self.subscribed_at = Instant::now();
+                let builder = self.builder.clone();
+                self.subscribing
+                    .insert(Box::pin(async move { builder.build::<Vec<u8>>().await }))
+            }
+        };
+        let built = subscribing.await;
+        self.subscribing = None;
+        let consumer = built
+            .map_err(|e| SubscribeError::new(&*self.address, format!("subscribing again: {e}")))?;
         tracing::info!(address = &*self.address, "subscribed again");
         self.consumer = Some(consumer);
         Ok(())

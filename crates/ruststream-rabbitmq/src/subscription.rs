@@ -65,7 +65,13 @@ pub struct RabbitSubscription {
     /// runtime drops halfway (a lane finished first) leaves them to the next call
     /// instead of forgetting them.
     sending: Option<Sending>,
+    /// A consumer being opened again, kept likewise: dropped after its `basic.consume`
+    /// went out, it would leave a consumer on the channel that nobody reads.
+    opening: Option<Opening>,
 }
+
+/// A channel and consumer being opened (see `RabbitSubscription::reopened`).
+type Opening = Pin<Box<dyn Future<Output = Result<Session, String>> + Send>>;
 
 /// Acks on their way to the broker (see `RabbitSubscription::flush_acks`).
 type Sending = Pin<Box<dyn Future<Output = ()> + Send>>;
@@ -118,6 +124,7 @@ impl RabbitSubscription {
             requeues: Requeues::default(),
             unacked: Unacked::default(),
             sending: None,
+            opening: None,
         })
     }
 
@@ -171,6 +178,22 @@ impl RabbitSubscription {
             sending.as_mut().await;
             self.sending = None;
         }
+    }
+
+    /// Opens the channel and consumer again after the last was lost (an opening cut
+    /// short is finished by the next call).
+    async fn reopened(&mut self) -> Result<(), String> {
+        let opening = self.opening.get_or_insert_with(|| {
+            let (link, queue) = (Arc::clone(&self.link), Arc::clone(&self.address));
+            let prefetch = self.prefetch;
+            Box::pin(async move { Session::open(&link, &queue, prefetch).await })
+        });
+        let opened = opening.await;
+        self.opening = None;
+        self.session = Some(opened?);
+        self.sessions += 1;
+        tracing::info!(address = &*self.address, "consuming again");
+        Ok(())
     }
 
     /// What sends the acks gathered now, if the channel is still there.
@@ -271,13 +294,8 @@ impl Subscription for RabbitSubscription {
             }
             let Some(session) = &mut self.session else {
                 // Lost earlier: the runtime paused after that error; try again now.
-                return match Session::open(&self.link, &self.address, self.prefetch).await {
-                    Ok(session) => {
-                        tracing::info!(address = &*self.address, "consuming again");
-                        self.session = Some(session);
-                        self.sessions += 1;
-                        continue;
-                    }
+                return match self.reopened().await {
+                    Ok(()) => continue,
                     Err(e) => Some(Err(SubscribeError::new(
                         &*self.address,
                         format!("reopening the consumer: {e}"),
