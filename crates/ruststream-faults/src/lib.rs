@@ -16,6 +16,9 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
+mod target;
+pub use target::Target;
+
 /// How many times the default counts the fault tests use: `RUSTSTREAM_SOAK` (a whole
 /// number, default 1). `RUSTSTREAM_SOAK=20 scripts/reliability` is the heavier soak run.
 pub fn soak() -> usize {
@@ -314,6 +317,11 @@ pub mod kafka {
 
     /// Creates single-partition topics on `brokers`.
     pub async fn create_topics(brokers: &str, topics: &[&str]) {
+        create_partitioned(brokers, topics, 1).await;
+    }
+
+    /// Creates topics of `partitions` partitions each on `brokers`.
+    pub async fn create_partitioned(brokers: &str, topics: &[&str], partitions: i32) {
         let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
             .set("bootstrap.servers", brokers)
             .create()
@@ -322,7 +330,7 @@ pub mod kafka {
             .create_topics(
                 &topics
                     .iter()
-                    .map(|t| NewTopic::new(t, 1, TopicReplication::Fixed(1)))
+                    .map(|t| NewTopic::new(t, partitions, TopicReplication::Fixed(1)))
                     .collect::<Vec<_>>(),
                 &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
             )

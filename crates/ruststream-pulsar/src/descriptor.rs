@@ -210,6 +210,7 @@ impl Descriptor for PulsarTopic {
         }
         let consumer = builder
             .clone()
+            .with_consumer_id(crate::subscription::consumer_id())
             .build::<Vec<u8>>()
             .await
             .map_err(|e| SubscribeError::new(&self.address, e))?;

@@ -41,6 +41,16 @@ fn key(id: &MessageIdData) -> IdKey {
     )
 }
 
+/// A consumer id for the next subscribe: this process's id in the high half, so that
+/// consumers of several processes never share one. The protocol scopes ids to a
+/// connection, and the client counts from 0 in every process; pulsar-lite keys consumers
+/// by id across connections and closes the connection of a second process's consumer 0.
+pub(crate) fn consumer_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    (u64::from(std::process::id()) << 32) | u64::from(n)
+}
+
 /// A subscribe on its way (see `PulsarSubscription::resubscribe`).
 type Subscribing = std::pin::Pin<
     Box<dyn Future<Output = Result<Consumer<Vec<u8>, TokioExecutor>, pulsar::Error>> + Send>,
@@ -171,7 +181,7 @@ impl PulsarSubscription {
             None => {
                 tokio::time::sleep_until(self.subscribed_at + RESUBSCRIBE_PAUSE).await;
                 self.subscribed_at = Instant::now();
-                let builder = self.builder.clone();
+                let builder = self.builder.clone().with_consumer_id(consumer_id());
                 self.subscribing
                     .insert(Box::pin(async move { builder.build::<Vec<u8>>().await }))
             }
