@@ -7,6 +7,7 @@
 
 pub mod bench;
 pub mod ops;
+pub mod overlap;
 pub mod publish_bench;
 pub mod pulsar_relay;
 pub mod rabbit_broker;

@@ -316,3 +316,41 @@ async fn ops_a_batch_registration_counts_each_message_and_observes_batch_sizes()
     );
     running.stop().await;
 }
+
+/// `consumers(3)`: the metrics count the three consumers as one registration (one series
+/// each, their sum), and the app is ready once all three are open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ops_consumers_are_counted_as_one_registration() {
+    let broker = MemoryBroker::new();
+    let app = App::new()
+        .ops(0)
+        .register(on(broker.topic("words"), answer).name("words").consumers(3));
+    let running = app.start().await.unwrap();
+    let addr = running.ops_addr().expect("ops endpoint on");
+    let (status, _) = get(addr, "/health/ready").await;
+    assert_eq!(status, 200, "ready once every consumer is open");
+    let words = (0..30).map(|_| ruststream::core::Outgoing::new("words", "\"ack\""));
+    let sent = broker.publisher().send_all(words).await;
+    assert!(sent.iter().all(Result::is_ok));
+    let labels = ["registration=\"words\"", "address=\"words\""];
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let metrics = loop {
+        let (_, metrics) = get(addr, "/metrics").await;
+        if sample(&metrics, "ruststream_deliveries_total", &labels) == 30.0 {
+            break metrics;
+        }
+        assert!(Instant::now() < deadline, "not all 30 counted: {metrics}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    for series in ["ruststream_deliveries_total{", "ruststream_in_flight{"] {
+        let lines = metrics
+            .lines()
+            .filter(|l| l.starts_with(series) && l.contains(labels[0]))
+            .count();
+        assert_eq!(
+            lines, 1,
+            "one {series}..}} series for three consumers: {metrics}"
+        );
+    }
+    running.stop().await;
+}

@@ -250,6 +250,16 @@ pub async fn g4_unbounded_registrations_are_refused(bed: impl Bed) {
                 .name("no-time")
                 .timeout(Duration::ZERO),
         )
+        .register(
+            on(bed.subscribe(&address, "suite"), handler())
+                .name("too-many-consumers")
+                .consumers(crate::MAX_CONSUMERS + 1),
+        )
+        .register(
+            on(bed.subscribe(&address, "suite"), handler())
+                .name("no-consumer")
+                .consumers(0),
+        )
         .start()
         .await;
     assert_refused(
@@ -263,6 +273,8 @@ pub async fn g4_unbounded_registrations_are_refused(bed: impl Bed) {
             ),
             ("too-many-lanes", "above the bound"),
             ("no-time", "timeout must be longer than zero"),
+            ("too-many-consumers", "run more processes instead"),
+            ("no-consumer", "consumers must be at least 1"),
         ],
     );
     assert_eq!(log.len(), 0, "no handler ran");
