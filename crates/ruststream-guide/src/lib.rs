@@ -30,6 +30,7 @@ pages! {
     Defaults => "defaults.md",
     Failures => "failures.md",
     Batches => "batches.md",
+    Scaling => "scaling.md",
     Installing => "installing.md",
     Kubernetes => "kubernetes.md",
     Brokers => "brokers.md",

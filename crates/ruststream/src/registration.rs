@@ -256,8 +256,9 @@ impl<D: Descriptor, S> Registration<D, S> {
         self
     }
 
-    /// The most deliveries this subscription holds at once: running, queued for a lane,
-    /// and waiting for a `retry_after` (default [`DEFAULT_MAX_IN_FLIGHT`], 1024). At the
+    /// The most deliveries each consumer of this registration holds at once: running,
+    /// queued for a lane, and waiting for a `retry_after` (default
+    /// [`DEFAULT_MAX_IN_FLIGHT`], 1024). At the
     /// bound it stops fetching and goes on as deliveries settle (SPEC G5), so memory stays
     /// bounded whatever the handlers return. Per-key order and Kafka positions are kept:
     /// nothing is skipped, only read later.
