@@ -40,6 +40,7 @@ async fn until_done(lives: &[&Service], at_least: usize, limit: Duration, what: 
 async fn three_processes_share_and_survive(transport: &'static str) {
     let target = Target::new(SERVICE, transport).await;
     let n = 2_000 * soak();
+    let limit = Duration::from_secs(120 * soak() as u64);
     let (address, group) = target.address_over(PARTITIONS).await;
     // One message before the services start: the topic or stream exists when they
     // subscribe.
@@ -66,7 +67,7 @@ async fn three_processes_share_and_survive(transport: &'static str) {
     published.insert("first".to_owned());
 
     let all: Vec<&Service> = lives.iter().collect();
-    until_done(&all, n / 4, Duration::from_secs(120), "a quarter handled").await;
+    until_done(&all, n / 4, limit, "a quarter handled").await;
     let shares: Vec<usize> = lives.iter().map(|s| s.tally().done.len()).collect();
     let total: usize = shares.iter().sum();
     for (i, share) in shares.iter().enumerate() {
@@ -84,9 +85,9 @@ async fn three_processes_share_and_survive(transport: &'static str) {
     let killed = killed.kill().await;
     until_done(
         &[&stopped, &last],
-        n / 4,
-        Duration::from_secs(120),
-        "more handled",
+        n / 2,
+        limit,
+        "half handled by the others",
     )
     .await;
     stopped.signal("TERM");
@@ -97,7 +98,7 @@ async fn three_processes_share_and_survive(transport: &'static str) {
     );
     let stopped = stopped.tally();
     let earlier = [killed.clone(), stopped.clone()];
-    ruststream_faults::settle(&mut last, &published, &earlier, Duration::from_secs(120)).await;
+    ruststream_faults::settle(&mut last, &published, &earlier, limit).await;
     last.signal("TERM");
     assert_eq!(last.exits_within(Duration::from_secs(60)).await, Some(0));
     let last = last.tally();

@@ -345,11 +345,19 @@ impl Running {
         tokio::select! {
             () = self.stop() => {}
             () = shutdown_signal() => {
-                for held in in_flight.iter().filter(|h| h.count() > 0) {
+                // A registration's consumers (`consumers(n)`) are told as one.
+                let mut held: Vec<(&str, &str, usize)> = Vec::new();
+                for one in in_flight.iter().filter(|h| h.count() > 0) {
+                    match held.iter_mut().find(|(r, a, _)| *r == &*one.registration && *a == one.address) {
+                        Some((_, _, count)) => *count += one.count(),
+                        None => held.push((&one.registration, &one.address, one.count())),
+                    }
+                }
+                for (registration, address, unsettled) in held {
                     tracing::error!(
-                        registration = &*held.registration,
-                        address = &*held.address,
-                        unsettled = held.count(),
+                        registration,
+                        address,
+                        unsettled,
                         "second stop signal: exiting now; these deliveries stay unsettled and come back as the broker's rules say"
                     );
                 }
