@@ -17,7 +17,9 @@ use std::time::{Duration, Instant};
 use ruststream::core::{Descriptor, Outgoing};
 use ruststream::{App, Delivery, HandlerOutcome, Publisher, on};
 use ruststream_faults::{kafka, unique};
-use ruststream_test_support::bench::{env_count, load_average, thread_cpu_ns};
+use ruststream_test_support::bench::{
+    BrokerCpu, env_count, load_average, process_cpu_ns, thread_cpu_ns,
+};
 
 /// FNV-1a over the payload, `rounds` times: the handler's computation.
 fn compute(payload: &[u8], rounds: u32) -> u64 {
@@ -47,42 +49,6 @@ fn calibrate() -> u32 {
     (1_000_000.0 / per_round) as u32
 }
 
-/// CPU time (user + system) of process `pid` so far, in nanoseconds.
-fn process_cpu_ns(pid: &str) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("/proc/<pid>/stat");
-    // The fields after the command (which may hold spaces) start after its `)`.
-    let fields: Vec<&str> = stat[stat.rfind(')').expect("a stat line") + 2..]
-        .split_whitespace()
-        .collect();
-    let ticks: u64 =
-        fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
-    // The kernel's USER_HZ is 100 on Linux.
-    ticks * 10_000_000
-}
-
-/// The pid of the process listening on `port` (`ss -ltnp`).
-fn listener(port: &str) -> String {
-    let out = std::process::Command::new("ss")
-        .args(["-Hltnp", &format!("sport = :{port}")])
-        .output()
-        .expect("ss");
-    let text = String::from_utf8_lossy(&out.stdout);
-    let at = text
-        .find("pid=")
-        .unwrap_or_else(|| panic!("nothing listens on port {port}"));
-    text[at + 4..]
-        .chars()
-        .take_while(char::is_ascii_digit)
-        .collect()
-}
-
-/// The port of a broker URL (`scheme://[user@]host:port[/path]` or `host:port`).
-fn port(url: &str) -> &str {
-    let authority = url.split("://").last().unwrap_or(url);
-    let host_port = authority.split('/').next().unwrap_or(authority);
-    host_port.rsplit(':').next().expect("a port")
-}
-
 /// One run's figures.
 #[derive(Debug, Clone, Copy)]
 struct Figures {
@@ -98,7 +64,7 @@ async fn run<D: Descriptor>(
     consumers: usize,
     settle: Duration,
     (publisher, address, n): (&Publisher, &str, usize),
-    (work, broker): (u32, &str),
+    (work, broker): (u32, &BrokerCpu),
 ) -> Figures {
     let handled = Arc::new(AtomicUsize::new(0));
     let count = Arc::clone(&handled);
@@ -126,7 +92,7 @@ async fn run<D: Descriptor>(
     let sent = publisher.send_all(messages).await;
     assert!(sent.iter().all(Result::is_ok), "filled");
     let (started, from) = (Instant::now(), handled.load(Ordering::Relaxed));
-    let (own, theirs) = (process_cpu_ns("self"), process_cpu_ns(broker));
+    let (own, theirs) = (process_cpu_ns("self"), broker.ns());
     let deadline = started + Duration::from_secs(300);
     while handled.load(Ordering::Relaxed) < n {
         assert!(Instant::now() < deadline, "not all handled within 300 s");
@@ -136,7 +102,7 @@ async fn run<D: Descriptor>(
     let figures = Figures {
         rate: measured / started.elapsed().as_secs_f64(),
         service_ns: (process_cpu_ns("self") - own) as f64 / measured,
-        broker_ns: (process_cpu_ns(broker) - theirs) as f64 / measured,
+        broker_ns: (broker.ns() - theirs) as f64 / measured,
     };
     running.stop().await;
     figures
@@ -192,7 +158,7 @@ async fn once(name: &str, consumers: usize, n: usize, work: u32) -> Figures {
                 .commit(ruststream_kafka::Commit::Tracked)
                 .set("session.timeout.ms", "6000")
                 .set("heartbeat.interval.ms", "500");
-            let broker = listener(port(&brokers));
+            let broker = BrokerCpu::listening_at(&brokers);
             let settle = Duration::from_secs(6);
             run(
                 descriptor,
@@ -216,7 +182,7 @@ async fn once(name: &str, consumers: usize, n: usize, work: u32) -> Figures {
                 .await
                 .expect("stream");
             let publisher = Publisher::new(nats.publish_handle());
-            let broker = listener(port(&url));
+            let broker = BrokerCpu::listening_at(&url);
             let descriptor = nats.consumer(&stream, &group);
             let settle = Duration::from_millis(500);
             run(
@@ -239,7 +205,7 @@ async fn once(name: &str, consumers: usize, n: usize, work: u32) -> Figures {
                 .await
                 .expect("queue");
             let publisher = Publisher::new(rabbit.publish_handle());
-            let broker = listener(port(&url));
+            let broker = BrokerCpu::listening_at(&url);
             let descriptor = rabbit.queue(&queue);
             let settle = Duration::from_millis(500);
             run(
@@ -256,7 +222,7 @@ async fn once(name: &str, consumers: usize, n: usize, work: u32) -> Figures {
             let redis = ruststream_redis::Redis::connect(&url).await.expect("redis");
             let stream = unique("scale");
             let publisher = Publisher::new(redis.publish_handle());
-            let broker = listener(port(&url));
+            let broker = BrokerCpu::listening_at(&url);
             let descriptor = redis.stream(stream.as_str(), group.as_str());
             let settle = Duration::from_millis(500);
             run(

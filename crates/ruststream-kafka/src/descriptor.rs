@@ -58,6 +58,13 @@ impl Source {
         if consumers < 2 {
             return None;
         }
+        if self.settings.values.contains_key("group.instance.id") {
+            return Some(format!(
+                "consumers({consumers}) with a group.instance.id: the members would share one \
+                 static identity and fence each other; give each process its own and use \
+                 consumers(1)"
+            ));
+        }
         if let Selection::Partitions(_) = self.selection {
             return Some(format!(
                 "consumers({consumers}) on explicitly assigned partitions: each consumer would \

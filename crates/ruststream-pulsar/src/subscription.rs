@@ -41,14 +41,20 @@ fn key(id: &MessageIdData) -> IdKey {
     )
 }
 
-/// A consumer id for the next subscribe: this process's id in the high half, so that
-/// consumers of several processes never share one. The protocol scopes ids to a
-/// connection, and the client counts from 0 in every process; pulsar-lite keys consumers
-/// by id across connections and closes the connection of a second process's consumer 0.
+/// A consumer id for the next subscribe: a number drawn once per process in the high
+/// half, so that consumers of several processes (containers all running as pid 1
+/// included) do not share one. The protocol scopes ids to a connection, and the client
+/// counts from 0 in every process; pulsar-lite keys consumers by id across connections
+/// and closes the connection of a second process's consumer 0.
 pub(crate) fn consumer_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    static PROCESS: std::sync::LazyLock<u64> = std::sync::LazyLock::new(|| {
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u32(std::process::id());
+        hasher.finish() << 32
+    });
     static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    (u64::from(std::process::id()) << 32) | u64::from(n)
+    *PROCESS | u64::from(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
 }
 
 /// A subscribe on its way (see `PulsarSubscription::resubscribe`).

@@ -14,8 +14,8 @@ use lapin::types::{FieldTable, ShortString};
 use ruststream::Headers;
 use ruststream_rabbitmq::{DEFAULT_PREFETCH, QueueKind, RabbitMq, lapin};
 use ruststream_test_support::bench::{
-    Figures, PAYLOAD, Side, Span, Tick, env_count, in_turn, load_average, own_thread, report,
-    through_app,
+    BrokerCpu, Figures, PAYLOAD, Side, Span, Tick, env_count, in_turn, load_average, own_thread,
+    report, through_app, with_broker_cpu,
 };
 
 /// Messages per side and rounds; `BENCH_MESSAGES` and `BENCH_ROUNDS` change them (a
@@ -83,6 +83,9 @@ async fn main() {
         .expect("RUSTSTREAM_RABBITMQ_URL: run scripts/test or start rabbitmq-server");
     let rabbit = RabbitMq::connect(&url).await.expect("connect");
     let load = load_average();
+    // What the broker's process spends per message while each side reads (ticks of 10 ms).
+    let broker = BrokerCpu::listening_at(&url);
+    let mut brokers = Vec::new();
     let (mut raws, mut frameworks) = (Vec::new(), Vec::new());
     for round in 0..*ROUNDS {
         let (raw_queue, framework_queue) = (
@@ -91,14 +94,21 @@ async fn main() {
         );
         fill(&rabbit, &raw_queue).await;
         fill(&rabbit, &framework_queue).await;
-        let (r, f) = in_turn(
+        let ((r, raw_broker), (f, framework_broker)) = in_turn(
             round,
-            || raw(rabbit.clone(), raw_queue),
-            || framework(rabbit.clone(), framework_queue),
+            || with_broker_cpu(&broker, *MESSAGES, raw(rabbit.clone(), raw_queue)),
+            || {
+                with_broker_cpu(
+                    &broker,
+                    *MESSAGES,
+                    framework(rabbit.clone(), framework_queue),
+                )
+            },
         )
         .await;
         raws.push(r);
         frameworks.push(f);
+        brokers.push((raw_broker, framework_broker));
     }
     println!(
         "{}",
@@ -111,5 +121,13 @@ async fn main() {
             &frameworks,
             &format!("{load} at start, {} at end", load_average())
         )
+    );
+    let rounds: Vec<String> = brokers
+        .iter()
+        .map(|(r, f)| format!("{:.1}/{:.1}", r / 1e3, f / 1e3))
+        .collect();
+    println!(
+        "rabbitmq/consume broker CPU per message, raw/ruststream us by round: {}",
+        rounds.join(" ")
     );
 }

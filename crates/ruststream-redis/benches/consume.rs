@@ -14,8 +14,8 @@ use redis::streams::{StreamReadOptions, StreamReadReply};
 use ruststream::Headers;
 use ruststream_redis::{DEFAULT_BATCH, Redis, redis};
 use ruststream_test_support::bench::{
-    Figures, PAYLOAD, Side, Span, Tick, env_count, in_turn, load_average, own_thread, report,
-    through_app,
+    BrokerCpu, Figures, PAYLOAD, Side, Span, Tick, env_count, in_turn, load_average, own_thread,
+    report, through_app, with_broker_cpu,
 };
 
 /// Messages per side and rounds; `BENCH_MESSAGES` and `BENCH_ROUNDS` change them (a
@@ -86,6 +86,9 @@ async fn main() {
         .expect("RUSTSTREAM_REDIS_URL: run scripts/test or start redis-server");
     let redis = Redis::connect(&url).await.expect("connect");
     let load = load_average();
+    // What the broker's process spends per message while each side reads (ticks of 10 ms).
+    let broker = BrokerCpu::listening_at(&url);
+    let mut brokers = Vec::new();
     let (mut raws, mut frameworks) = (Vec::new(), Vec::new());
     for round in 0..*ROUNDS {
         let (raw_stream, framework_stream) = (
@@ -94,14 +97,21 @@ async fn main() {
         );
         fill(&redis, &raw_stream).await;
         fill(&redis, &framework_stream).await;
-        let (r, f) = in_turn(
+        let ((r, raw_broker), (f, framework_broker)) = in_turn(
             round,
-            || raw(redis.clone(), raw_stream),
-            || framework(redis.clone(), framework_stream),
+            || with_broker_cpu(&broker, *MESSAGES, raw(redis.clone(), raw_stream)),
+            || {
+                with_broker_cpu(
+                    &broker,
+                    *MESSAGES,
+                    framework(redis.clone(), framework_stream),
+                )
+            },
         )
         .await;
         raws.push(r);
         frameworks.push(f);
+        brokers.push((raw_broker, framework_broker));
     }
     println!(
         "{}",
@@ -114,5 +124,13 @@ async fn main() {
             &frameworks,
             &format!("{load} at start, {} at end", load_average())
         )
+    );
+    let rounds: Vec<String> = brokers
+        .iter()
+        .map(|(r, f)| format!("{:.1}/{:.1}", r / 1e3, f / 1e3))
+        .collect();
+    println!(
+        "redis/consume broker CPU per message, raw/ruststream us by round: {}",
+        rounds.join(" ")
     );
 }

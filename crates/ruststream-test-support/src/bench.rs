@@ -21,6 +21,65 @@ pub fn thread_cpu_ns() -> u64 {
         .expect("a schedstat line")
 }
 
+/// The CPU time of a broker's process, found by the port it listens on (`ss -ltnp`),
+/// read from `/proc/<pid>/stat` (user + system, in the kernel's 10 ms ticks).
+#[derive(Debug, Clone)]
+pub struct BrokerCpu {
+    pid: String,
+}
+
+impl BrokerCpu {
+    /// The process listening on the port of `url` (`scheme://[user@]host:port[/path]` or
+    /// `host:port`); fails the bench when nothing listens there.
+    pub fn listening_at(url: &str) -> Self {
+        let authority = url.split("://").last().unwrap_or(url);
+        let host_port = authority.split('/').next().unwrap_or(authority);
+        let port = host_port.rsplit(':').next().expect("a port");
+        let out = std::process::Command::new("ss")
+            .args(["-Hltnp", &format!("sport = :{port}")])
+            .output()
+            .expect("ss");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let at = text
+            .find("pid=")
+            .unwrap_or_else(|| panic!("nothing listens on port {port}"));
+        let pid = text[at + 4..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        Self { pid }
+    }
+
+    /// Its CPU time so far, in nanoseconds.
+    pub fn ns(&self) -> u64 {
+        process_cpu_ns(&self.pid)
+    }
+}
+
+/// CPU time (user + system) of process `pid` (or `self`) so far, in nanoseconds.
+pub fn process_cpu_ns(pid: &str) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("/proc/<pid>/stat");
+    // The fields after the command (which may hold spaces) start after its `)`.
+    let fields: Vec<&str> = stat[stat.rfind(')').expect("a stat line") + 2..]
+        .split_whitespace()
+        .collect();
+    let ticks: u64 =
+        fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
+    // The kernel's USER_HZ is 100 on Linux.
+    ticks * 10_000_000
+}
+
+/// Runs `side` and returns its result with the broker CPU it cost per message.
+pub async fn with_broker_cpu<T>(
+    broker: &BrokerCpu,
+    messages: usize,
+    side: impl Future<Output = T>,
+) -> (T, f64) {
+    let before = broker.ns();
+    let result = side.await;
+    (result, (broker.ns() - before) as f64 / messages as f64)
+}
+
 /// A count from the environment variable `name`, or `default`: benches take their
 /// message and round counts this way (a callgrind run wants fewer).
 pub fn env_count(name: &str, default: usize) -> usize {

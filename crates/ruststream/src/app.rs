@@ -408,9 +408,9 @@ impl Running {
 
 impl Drop for Running {
     fn drop(&mut self) {
-        if !self.drivers.is_empty() {
-            self.stop_tx.send_replace(true);
-        }
+        // Also when a start was cut short: drivers it spawned, not yet handed over here,
+        // see the stop and end.
+        self.stop_tx.send_replace(true);
         if let Some(server) = self.server.take() {
             server.abort();
         }

@@ -65,13 +65,6 @@ pub async fn consumers_share_the_work_in_one_app(bed: impl Bed) {
         let key = format!("key-{i}");
         publish(&bed, &address, Some(&key), &[], key.as_bytes()).await;
     }
-    let probe = log.clone();
-    tokio::spawn(async move {
-        loop {
-            tokio::time::sleep(Duration::from_secs(2)).await;
-            eprintln!("PROBE handled {}", probe.len());
-        }
-    });
     until(Duration::from_secs(60), "all handled", || log.len() >= n).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     app.stop().await;
@@ -84,7 +77,11 @@ pub async fn consumers_share_the_work_in_one_app(bed: impl Bed) {
     let total = payloads.len();
     payloads.dedup();
     assert_eq!(payloads.len(), n, "every message handled");
-    assert_eq!(total, n, "no message handled twice");
+    if bed.shares_one_address() {
+        assert_eq!(total, n, "no message handled twice");
+    }
+    // (Kafka: a rebalance while the group forms may hand a record running on one member
+    // to the other, K5; the partition is read by one member, so nothing runs at once.)
     if bed.shares_one_address() {
         assert!(
             most.load(Ordering::SeqCst) >= 2,

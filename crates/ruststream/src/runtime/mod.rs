@@ -140,6 +140,7 @@ where
         copies,
         registration,
         deadline,
+        refusals: Arc::default(),
     };
     for consumer in 0..declaration.consumer_count() {
         declaration.consumer = consumer;
@@ -162,6 +163,9 @@ struct Common<S> {
     copies: Arc<dyn ruststream_core::Publish>,
     registration: Arc<str>,
     deadline: std::time::Duration,
+    /// Refused copies, remembered for the registration: a delivery whose copy was
+    /// refused may come back to another of its consumers (SPEC G3).
+    refusals: Arc<refusals::Refusals>,
 }
 
 /// Opens one consumer's subscription and makes what its driver shares with its lanes.
@@ -184,10 +188,9 @@ async fn open<D: Descriptor, S>(
         in_flight.address.clone(),
         subscription.link(),
     );
-    // One backlog probe per registration: every consumer would tell the same figure.
-    let backlog = (declaration.consumer == 0)
-        .then(|| subscription.backlog())
-        .flatten();
+    // Every consumer's probe: a Kafka member tells its own partitions' backlog (the
+    // series are per partition); a group-wide figure is only told again.
+    let backlog = subscription.backlog();
     let metrics = env.metrics.as_ref().map(|m| {
         m.instruments(
             registration,
@@ -209,7 +212,7 @@ async fn open<D: Descriptor, S>(
         failure_policy: options.failure_policy,
         deadline: common.deadline,
         backoff: options.backoff,
-        refusals: refusals::Refusals::default(),
+        refusals: Arc::clone(&common.refusals),
         stop: env.stop.clone(),
         observer: env.observer.clone(),
         in_flight: Arc::clone(&in_flight),

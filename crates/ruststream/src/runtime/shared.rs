@@ -34,7 +34,7 @@ pub(crate) struct Shared<S> {
     /// Turns `retry()` into a delayed redelivery (SPEC G2).
     pub(crate) backoff: Option<Backoff>,
     /// Deliveries whose copy the broker refused, and how often in a row (SPEC G3).
-    pub(crate) refusals: Refusals,
+    pub(crate) refusals: Arc<Refusals>,
     /// The app's stop signal: waits on a refused copy end at once when it comes.
     pub(crate) stop: watch::Receiver<bool>,
     pub(crate) observer: Option<Arc<dyn Observe>>,
