@@ -1,5 +1,6 @@
 //! `send_all` of many messages next to the raw client's own pipelined publish (one
-//! producer, every message handed to `send_non_blocking`, the receipts awaited together),
+//! producer that waits for room in its queue, every message handed to `send_non_blocking`,
+//! the receipts awaited together),
 //! rate compared, in alternating rounds. Needs pulsar-lite at `RUSTSTREAM_PULSAR_ADDR`
 //! (scripts/test starts it); both sides go through the checksum relay the tests use.
 //!
@@ -31,9 +32,15 @@ async fn main() {
     let raw = |_round: usize| {
         let (client, topic) = (pulsar.client().clone(), raw_topic.clone());
         async move {
+            // Waits for room in the client's outbound queue instead of `SlowDown`.
+            let options = ruststream_pulsar::pulsar::producer::ProducerOptions {
+                block_queue_if_full: true,
+                ..Default::default()
+            };
             let mut producer = client
                 .producer()
                 .with_topic(topic)
+                .with_options(options)
                 .build()
                 .await
                 .expect("producer");

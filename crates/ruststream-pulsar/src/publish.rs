@@ -21,8 +21,17 @@ impl std::fmt::Debug for PulsarPublisher {
 
 impl PulsarPublisher {
     pub(crate) fn new(client: pulsar::Pulsar<TokioExecutor>) -> Self {
+        // A full outbound queue (the client's default holds 100 messages) waits for room
+        // instead of failing the publish with `SlowDown`: many publishes at once
+        // (`send_all`, retry copies under load) are slowed, never refused.
+        let options = pulsar::producer::ProducerOptions {
+            block_queue_if_full: true,
+            ..Default::default()
+        };
         Self {
-            producers: Arc::new(Mutex::new(client.producer().build_multi_topic())),
+            producers: Arc::new(Mutex::new(
+                client.producer().with_options(options).build_multi_topic(),
+            )),
         }
     }
 

@@ -202,3 +202,22 @@ async fn g7_a_waiting_start_warns_once_per_interval_and_connects_when_the_broker
         took.as_secs_f64()
     );
 }
+
+/// Many publishes at once (`send_all` of 5,000) wait for room in the client's outbound
+/// queue (100 messages by default) instead of failing with `SlowDown`: every one is
+/// confirmed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_all_beyond_the_clients_queue_waits_for_room_and_confirms_each() {
+    let pulsar = pulsar().await;
+    let topic = unique("send-all");
+    let publisher = ruststream::Publisher::new(pulsar.publish_handle());
+    let messages = (0..5_000).map(|n| ruststream::Outgoing::new(topic.as_str(), n.to_string()));
+    let results = publisher.send_all(messages).await;
+    let failed: Vec<String> = results
+        .iter()
+        .filter_map(|r| r.as_ref().err().map(ToString::to_string))
+        .take(3)
+        .collect();
+    assert!(failed.is_empty(), "refused: {failed:?}");
+    assert_eq!(results.len(), 5_000);
+}
