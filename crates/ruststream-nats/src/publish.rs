@@ -356,9 +356,18 @@ impl Publish for NatsPublisher {
             let mut acks: std::collections::VecDeque<(usize, PublishAckFuture)> =
                 std::collections::VecDeque::with_capacity(ACK_WINDOW);
             let mut core = Vec::new();
+            // Where the previous message went: a run to one subject asks the routes once.
+            let mut last: Option<(&str, bool)> = None;
             for (i, message) in messages.iter().enumerate() {
                 let subject = &message.address;
-                let sent = match self.in_stream(subject).await {
+                let route = match last {
+                    Some((previous, in_stream)) if previous == &**subject => Ok(in_stream),
+                    _ => self.in_stream(subject).await,
+                };
+                if let Ok(in_stream) = route {
+                    last = Some((subject, in_stream));
+                }
+                let sent = match route {
                     Ok(true) => {
                         if acks.len() == ACK_WINDOW
                             && let Some((at, ack)) = acks.pop_front()
