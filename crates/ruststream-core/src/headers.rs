@@ -8,6 +8,36 @@ use bytes::Bytes;
 /// attempt 2, and so on (attempt = header + 1).
 pub const RETRY_COUNT_HEADER: &str = "x-ruststream-retry-count";
 
+/// The prefix of the headers a dead letter the runtime publishes adds beside the
+/// original's own (SPEC D6): why it was dead-lettered and where it came from. A reader
+/// that ignores this prefix sees the last attempt exactly as it arrived.
+pub const DEAD_LETTER_PREFIX: &str = "x-ruststream-dead-letter-";
+
+/// Why: the handler's outcome, error, panic or deadline, or why the payload was refused
+/// (at most 1 KiB of text, line breaks made spaces).
+pub const DEAD_LETTER_REASON: &str = "x-ruststream-dead-letter-reason";
+
+/// The registration that dead-lettered it.
+pub const DEAD_LETTER_REGISTRATION: &str = "x-ruststream-dead-letter-registration";
+
+/// The address the original was read from.
+pub const DEAD_LETTER_SOURCE: &str = "x-ruststream-dead-letter-source";
+
+/// The attempt it was dead-lettered at (the first delivery is 1).
+pub const DEAD_LETTER_ATTEMPTS: &str = "x-ruststream-dead-letter-attempts";
+
+/// When, as an RFC 3339 UTC time with milliseconds.
+pub const DEAD_LETTER_AT: &str = "x-ruststream-dead-letter-at";
+
+/// Kafka: the original's partition.
+pub const DEAD_LETTER_PARTITION: &str = "x-ruststream-dead-letter-partition";
+
+/// Kafka: the original's offset.
+pub const DEAD_LETTER_OFFSET: &str = "x-ruststream-dead-letter-offset";
+
+/// JetStream (and the memory broker): the original's stream sequence.
+pub const DEAD_LETTER_SEQUENCE: &str = "x-ruststream-dead-letter-sequence";
+
 /// Headers of a message: ordered name/value pairs; names compare case-sensitively,
 /// as NATS and Kafka do.
 ///

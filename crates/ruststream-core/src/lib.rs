@@ -72,7 +72,11 @@ pub use descriptor::{Backlog, BacklogProbe, Descriptor, LinkProbe, Subscription}
 pub use due::Held;
 pub use env::{Env, EnvError, FromEnvError};
 pub use error::{AckError, Cause, ConnectError, PublishError, PublishErrorKind, SubscribeError};
-pub use headers::{Headers, MalformedRetryCount, RETRY_COUNT_HEADER};
+pub use headers::{
+    DEAD_LETTER_AT, DEAD_LETTER_ATTEMPTS, DEAD_LETTER_OFFSET, DEAD_LETTER_PARTITION,
+    DEAD_LETTER_PREFIX, DEAD_LETTER_REASON, DEAD_LETTER_REGISTRATION, DEAD_LETTER_SEQUENCE,
+    DEAD_LETTER_SOURCE, Headers, MalformedRetryCount, RETRY_COUNT_HEADER,
+};
 pub use names::AddressNames;
 pub use outcome::{HandlerOutcome, OutcomeKind};
 pub use plan::{CopyTarget, Plan, PlannedCopy, Settle, Verdict, may_copy, plan};

@@ -382,7 +382,32 @@ async fn n6_at_the_cap_the_dead_letter_is_byte_identical_and_the_original_termin
         Some("abc-123")
     );
     assert_eq!(dead.headers.get("tenant").map(|v| v.as_str()), Some("eu"));
-    assert_eq!(dead.headers.len(), 2, "no header added or lost");
+    // Nothing lost or changed; what is added says why, under its own prefix (D6).
+    let added = dead
+        .headers
+        .iter()
+        .filter(|(name, _)| {
+            AsRef::<str>::as_ref(name).starts_with(ruststream::core::DEAD_LETTER_PREFIX)
+        })
+        .count();
+    assert_eq!(
+        dead.headers.len() - added,
+        2,
+        "no header of its own added or lost"
+    );
+    assert_eq!(
+        dead.headers
+            .get(ruststream::core::DEAD_LETTER_REASON)
+            .map(|v| v.as_str()),
+        Some("retry()")
+    );
+    assert_eq!(
+        dead.headers
+            .get(ruststream::core::DEAD_LETTER_SEQUENCE)
+            .map(|v| v.as_str()),
+        Some("1"),
+        "the original's stream sequence"
+    );
     tokio::time::sleep(Duration::from_millis(1200)).await;
     assert_eq!(
         script.count(),

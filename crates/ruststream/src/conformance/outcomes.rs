@@ -165,8 +165,9 @@ pub async fn g2_backoff_spaces_every_retry(bed: impl Bed) {
 }
 
 /// At the cap: exactly `max_attempts` runs and exactly one dead letter, with the
-/// original payload and headers.
-pub async fn cap_and_dead_letter(bed: impl Bed) {
+/// original payload and headers, and (where the runtime publishes it) the headers that
+/// say why and where it came from (D6).
+pub async fn d6_at_the_cap_one_dead_letter_says_why(bed: impl Bed) {
     let (app, address, runs, letters) = always_retry_to_dead_letter(&bed).await;
     publish(&bed, &address, None, &[("trace", "t-9")], b"\x01poison\xfe").await;
     let waited = tokio::time::timeout(Duration::from_secs(60), async {
@@ -186,7 +187,42 @@ pub async fn cap_and_dead_letter(bed: impl Bed) {
     let (letter, _) = &letters.all()[0];
     assert_eq!(&letter.payload()[..], b"\x01poison\xfe");
     assert_eq!(letter.headers().get_str("trace"), Some("t-9"));
+    let capabilities = bed.subscribe(&address, "suite").capabilities();
+    if capabilities.dead_letters == ruststream_core::DeadLetters::Runtime {
+        says_why(letter, &address);
+        if bed.label().starts_with("Kafka") {
+            // Where the last attempt was read: its partition and offset.
+            for name in [
+                ruststream_core::DEAD_LETTER_PARTITION,
+                ruststream_core::DEAD_LETTER_OFFSET,
+            ] {
+                let value = letter.headers().get_str(name);
+                assert!(
+                    value.is_some_and(|v| v.parse::<i64>().is_ok()),
+                    "{name}: {value:?}"
+                );
+            }
+        }
+    }
     app.stop().await;
+}
+
+/// A dead letter the runtime published says why and where it came from (SPEC D6).
+fn says_why(letter: &Delivery, source: &str) {
+    use ruststream_core::{
+        DEAD_LETTER_AT, DEAD_LETTER_ATTEMPTS, DEAD_LETTER_REASON, DEAD_LETTER_REGISTRATION,
+        DEAD_LETTER_SOURCE,
+    };
+    let header = |name| letter.headers().get_str(name);
+    assert_eq!(header(DEAD_LETTER_REASON), Some("retry()"));
+    assert_eq!(header(DEAD_LETTER_REGISTRATION), Some("work"));
+    assert_eq!(header(DEAD_LETTER_SOURCE), Some(source));
+    assert_eq!(header(DEAD_LETTER_ATTEMPTS), Some("3"));
+    let at = header(DEAD_LETTER_AT).expect("when");
+    assert!(
+        at.len() == 24 && at.starts_with("20") && at.ends_with('Z'),
+        "{at} is not an RFC 3339 UTC time"
+    );
 }
 
 /// The retry path follows the capabilities the transport declares on its descriptor:

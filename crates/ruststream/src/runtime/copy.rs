@@ -1,6 +1,7 @@
 //! Publishing retry copies and dead letters, confirmed before the original settles, and
 //! what happens to the original when the broker refuses the copy (SPEC G3).
 
+use std::fmt;
 use std::time::Duration;
 
 use ruststream_core::{
@@ -11,6 +12,7 @@ use ruststream_core::{
 use tokio::sync::watch;
 
 use super::shared::Shared;
+use super::why::{self, Why};
 use crate::backoff::{Backoff, REFUSAL_BACKOFF};
 use crate::ops::{CopyFailure, Instruments, Published};
 
@@ -20,11 +22,13 @@ const TRIES: u32 = 4;
 const TRANSIENT_BACKOFF: Backoff =
     Backoff::exponential(Duration::from_millis(50), Duration::from_secs(2));
 
-/// Builds the copy the plan asks for.
+/// Builds the copy the plan asks for; a dead letter also says why (`why`, its reason cut
+/// to `limit` bytes; `None`: exactly as it arrived).
 pub(crate) fn outgoing(
     delivery: &Delivery,
     copy: &PlannedCopy,
     declaration: &Declaration,
+    (why, limit): (Why<'_>, Option<usize>),
 ) -> Result<Outgoing, PublishError> {
     let missing = |what: &str| {
         PublishError::new(
@@ -39,8 +43,11 @@ pub(crate) fn outgoing(
                 .dead_letter
                 .as_deref()
                 .ok_or_else(|| missing("dead-letter"))?;
-            // Exactly as it arrived: payload, key and headers unchanged (SPEC N6, K7).
-            (address, delivery.headers().clone())
+            // As it arrived: payload, key and headers unchanged (SPEC N6, K7), the
+            // dead-letter headers added beside them (D6).
+            let mut headers = delivery.headers().clone();
+            why::stamp(&mut headers, delivery, why, limit);
+            (address, headers)
         }
         CopyTarget::Retry { retry_count } => {
             let address = declaration
@@ -101,11 +108,18 @@ pub(crate) async fn deliver<S>(
     delivery: &Delivery,
     mut copy: PlannedCopy,
     mut planned: Settle,
+    reason: &(dyn fmt::Display + Sync),
 ) -> Settle {
-    let attempt = delivery.attempt().number();
     let mut held = 0;
+    // Made only for a dead letter; shortened, then left out, when it makes one too large.
+    let mut reason = (copy.target == CopyTarget::DeadLetter).then(|| reason.to_string());
+    let mut limit = Some(why::REASON_LIMIT);
     loop {
-        let result = match outgoing(delivery, &copy, &shared.declaration) {
+        let why = Why {
+            reason: reason.as_deref().unwrap_or_default(),
+            registration: &shared.registration,
+        };
+        let result = match outgoing(delivery, &copy, &shared.declaration, (why, limit)) {
             Ok(message) => {
                 publish_with_tries(shared.copies.as_ref(), message, shared.metrics.as_ref()).await
             }
@@ -125,36 +139,28 @@ pub(crate) async fn deliver<S>(
             }
             Err(error) => error,
         };
+        if error.kind() == PublishErrorKind::TooLarge
+            && copy.target == CopyTarget::DeadLetter
+            && limit.is_some()
+        {
+            // What the dead letter says about itself made it too large: a short reason,
+            // then none (the message as it arrived fits where it came from).
+            limit = limit
+                .filter(|l| *l > why::SHORT_REASON)
+                .map(|_| why::SHORT_REASON);
+            continue;
+        }
         if let Some(metrics) = &shared.metrics {
             metrics.copy_failed(match give_back(&shared.capabilities) {
                 GiveBack::Lost => CopyFailure::Lost,
                 _ => CopyFailure::Refused,
             });
         }
-        if error.kind() == PublishErrorKind::TooLarge
-            && matches!(copy.target, CopyTarget::Retry { .. })
-            && shared.declaration.dead_letter.is_some()
-        {
-            // The retry header made it too large; the message as it arrived fits where
-            // it came from, so it goes to the dead letter unchanged.
-            tracing::warn!(
-                registration = &*shared.registration,
-                address = delivery.address(),
-                attempt,
-                %error,
-                "the retry copy is too large for the broker; dead-lettering the message as it arrived"
-            );
-            copy = PlannedCopy {
-                target: CopyTarget::DeadLetter,
-                delay: Duration::ZERO,
-            };
-            let reject = plan(
-                Verdict::Reject,
-                attempt,
-                &shared.declaration,
-                &shared.capabilities,
-            );
-            planned = reject.settle;
+        if let Some(settle) = too_large_to_retry(shared, delivery, &copy, &error) {
+            (copy, planned) = (DEAD_LETTER_NOW, settle);
+            reason = Some(format!(
+                "the retry copy was too large for the broker: {error}"
+            ));
             continue;
         }
         let refused = Refused {
@@ -166,6 +172,44 @@ pub(crate) async fn deliver<S>(
             return settle;
         }
     }
+}
+
+/// A dead letter published at once.
+const DEAD_LETTER_NOW: PlannedCopy = PlannedCopy {
+    target: CopyTarget::DeadLetter,
+    delay: Duration::ZERO,
+};
+
+/// A retry copy the retry header made too large for the broker, under a declared dead
+/// letter: the message as it arrived fits where it came from, so it goes to the dead
+/// letter instead; how the original then settles.
+fn too_large_to_retry<S>(
+    shared: &Shared<S>,
+    delivery: &Delivery,
+    copy: &PlannedCopy,
+    error: &PublishError,
+) -> Option<Settle> {
+    if error.kind() != PublishErrorKind::TooLarge
+        || !matches!(copy.target, CopyTarget::Retry { .. })
+        || shared.declaration.dead_letter.is_none()
+    {
+        return None;
+    }
+    let attempt = delivery.attempt().number();
+    tracing::warn!(
+        registration = &*shared.registration,
+        address = delivery.address(),
+        attempt,
+        %error,
+        "the retry copy is too large for the broker; dead-lettering the message as it arrived"
+    );
+    let reject = plan(
+        Verdict::Reject,
+        attempt,
+        &shared.declaration,
+        &shared.capabilities,
+    );
+    Some(reject.settle)
 }
 
 /// A dead letter the broker confirmed, whoever made it (a runtime copy of `delivery`, or
@@ -223,7 +267,10 @@ pub(crate) async fn dead_letter_again<S>(shared: &Shared<S>, delivery: &Delivery
         &shared.capabilities,
     );
     match plan.copy {
-        Some(copy) => deliver(shared, delivery, copy, plan.settle).await,
+        Some(copy) => {
+            let again = "its dead letter was refused before and is sent again; the handler did not run again";
+            deliver(shared, delivery, copy, plan.settle, &again).await
+        }
         None => plan.settle,
     }
 }

@@ -129,7 +129,7 @@ pub(crate) async fn conclude<S>(
     let settle = match plan.copy {
         None => plan.settle,
         Some(c) if c.delay.is_zero() => {
-            copy::deliver(shared, incoming.delivery(), c, plan.settle).await
+            copy::deliver(shared, incoming.delivery(), c, plan.settle, &completion).await
         }
         Some(c) => {
             // Kept for the delay: its headers read now, the client's record let go.

@@ -11,6 +11,7 @@ mod quiet;
 mod refusals;
 mod shared;
 mod unwind;
+mod why;
 mod work;
 
 use std::sync::Arc;
