@@ -109,7 +109,9 @@ async fn retry_three_times_then_dead_letter(runtime_retries: bool) {
         .collect();
     assert_eq!(own, arrived);
     assert_eq!(
-        dead[0].headers.get_str(ruststream::core::DEAD_LETTER_ATTEMPTS),
+        dead[0]
+            .headers
+            .get_str(ruststream::core::DEAD_LETTER_ATTEMPTS),
         Some("3")
     );
     assert_eq!(broker.depth("orders", "default"), 0);

@@ -112,12 +112,14 @@ pub(crate) async fn deliver<S>(
 ) -> Settle {
     let mut held = 0;
     // Made only for a dead letter; shortened, then left out, when it makes one too large.
-    let mut reason = (copy.target == CopyTarget::DeadLetter).then(|| reason.to_string());
+    let outcome = reason;
+    let mut reason = (copy.target == CopyTarget::DeadLetter).then(|| outcome.to_string());
     let mut limit = Some(why::REASON_LIMIT);
     loop {
         let why = Why {
             reason: reason.as_deref().unwrap_or_default(),
             registration: &shared.registration,
+            stream_sequence: shared.stream_sequence,
         };
         let result = match outgoing(delivery, &copy, &shared.declaration, (why, limit)) {
             Ok(message) => {
@@ -145,8 +147,9 @@ pub(crate) async fn deliver<S>(
         {
             // What the dead letter says about itself made it too large: a short reason,
             // then none (the message as it arrived fits where it came from).
+            let long = reason.as_ref().is_some_and(|r| r.len() > why::SHORT_REASON);
             limit = limit
-                .filter(|l| *l > why::SHORT_REASON)
+                .filter(|l| *l > why::SHORT_REASON && long)
                 .map(|_| why::SHORT_REASON);
             continue;
         }
@@ -159,7 +162,7 @@ pub(crate) async fn deliver<S>(
         if let Some(settle) = too_large_to_retry(shared, delivery, &copy, &error) {
             (copy, planned) = (DEAD_LETTER_NOW, settle);
             reason = Some(format!(
-                "the retry copy was too large for the broker: {error}"
+                "{outcome}; the retry copy was too large for the broker: {error}"
             ));
             continue;
         }

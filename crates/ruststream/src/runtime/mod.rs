@@ -221,6 +221,7 @@ async fn open<D: Descriptor, S>(
         metrics,
         health,
         registration: Arc::clone(registration),
+        stream_sequence: matches!(transport, "jetstream" | "memory"),
     });
     let opened = Opened {
         subscription,

@@ -46,6 +46,9 @@ pub(crate) struct Shared<S> {
     pub(crate) metrics: Option<Instruments>,
     /// This subscription's part of the app's readiness.
     pub(crate) health: Arc<SubscriptionHealth>,
+    /// Whether a delivery's sequence is a stream's (JetStream, the memory broker): a dead
+    /// letter then names it (D6).
+    pub(crate) stream_sequence: bool,
 }
 
 impl<S> Shared<S> {

@@ -20,7 +20,23 @@ pub(crate) const SHORT_REASON: usize = 64;
 pub(crate) struct Why<'a> {
     pub(crate) reason: &'a str,
     pub(crate) registration: &'a str,
+    /// Whether the delivery's sequence is a stream's (JetStream, the memory broker), so
+    /// it says where the original is; RabbitMQ's is a channel's delivery tag.
+    pub(crate) stream_sequence: bool,
 }
+
+/// Every header [`stamp`] may write: an earlier dead letter's are taken off first, so
+/// what a dead letter says is about this one alone.
+const STAMPED: [&str; 8] = [
+    DEAD_LETTER_REASON,
+    DEAD_LETTER_REGISTRATION,
+    DEAD_LETTER_SOURCE,
+    DEAD_LETTER_ATTEMPTS,
+    DEAD_LETTER_AT,
+    DEAD_LETTER_PARTITION,
+    DEAD_LETTER_OFFSET,
+    DEAD_LETTER_SEQUENCE,
+];
 
 /// Adds the dead-letter headers of `delivery` to `headers`, the reason cut to `limit`
 /// bytes (`None`: add nothing, the dead letter exactly as it arrived).
@@ -30,11 +46,18 @@ pub(crate) fn stamp(
     why: Why<'_>,
     limit: Option<usize>,
 ) {
+    for name in STAMPED {
+        headers.remove(name);
+    }
     let Some(limit) = limit else {
         return;
     };
     headers.insert(DEAD_LETTER_REASON, cut(why.reason, limit));
-    headers.insert(DEAD_LETTER_REGISTRATION, why.registration.to_owned());
+    // A name is free text too: one line, so every broker carries it.
+    headers.insert(
+        DEAD_LETTER_REGISTRATION,
+        cut(why.registration, REASON_LIMIT),
+    );
     headers.insert(DEAD_LETTER_SOURCE, delivery.address().to_owned());
     headers.insert(
         DEAD_LETTER_ATTEMPTS,
@@ -46,7 +69,7 @@ pub(crate) fn stamp(
         headers.insert(DEAD_LETTER_PARTITION, partition.to_string());
         headers.insert(DEAD_LETTER_OFFSET, offset.to_string());
     }
-    if let Some(sequence) = meta.sequence {
+    if let (Some(sequence), true) = (meta.sequence, why.stream_sequence) {
         headers.insert(DEAD_LETTER_SEQUENCE, sequence.to_string());
     }
 }
@@ -116,5 +139,32 @@ mod tests {
         assert_eq!(cut("error:\nline two\r", 100), "error: line two ");
         assert_eq!(cut("ééé", 5), "éé");
         assert_eq!(cut(&"x".repeat(2_000), 1_024).len(), 1_024);
+    }
+
+    #[test]
+    fn an_earlier_dead_letters_headers_are_replaced_and_none_kept_without_a_limit() {
+        use ruststream_core::{DEAD_LETTER_OFFSET, DEAD_LETTER_REASON, Delivery, Headers};
+        let mut headers = Headers::new();
+        headers
+            .insert("trace", "t")
+            .insert(DEAD_LETTER_OFFSET, "7")
+            .insert(DEAD_LETTER_REASON, "old");
+        let delivery = Delivery::new(std::sync::Arc::from("orders"), bytes::Bytes::new());
+        let why = super::Why {
+            reason: "new\nline",
+            registration: "a\nb",
+            stream_sequence: true,
+        };
+        let mut stamped = headers.clone();
+        super::stamp(&mut stamped, &delivery, why, Some(1_024));
+        assert_eq!(stamped.get_str(DEAD_LETTER_REASON), Some("new line"));
+        assert_eq!(stamped.get_str(DEAD_LETTER_OFFSET), None, "not this one's");
+        assert_eq!(
+            stamped.get_str(super::DEAD_LETTER_REGISTRATION),
+            Some("a b")
+        );
+        super::stamp(&mut headers, &delivery, why, None);
+        let left: Vec<&str> = headers.iter().map(|(name, _)| name).collect();
+        assert_eq!(left, ["trace"]);
     }
 }

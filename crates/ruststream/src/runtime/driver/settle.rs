@@ -154,8 +154,14 @@ fn start_timer<S: Send + Sync + 'static, R: Send + 'static>(
                 "stopping: publishing a delayed retry copy before its time so it is not lost"
             );
         }
-        let settle =
-            copy::deliver(&shared, incoming.delivery(), copy, settle, &"retry_after").await;
+        let settle = copy::deliver(
+            &shared,
+            incoming.delivery(),
+            copy,
+            settle,
+            &"retry_after(..)",
+        )
+        .await;
         let fate = Fate::Settle(settle);
         Done { receipt, fate }
     });
