@@ -61,6 +61,7 @@ mod probe;
 mod publish;
 mod queue;
 mod requeue;
+mod settle_timer;
 pub mod subscription;
 mod version;
 
