@@ -62,6 +62,12 @@ pub trait Descriptor: Clone + Send + 'static {
     /// The broker's confirmed publish, used for retry copies and dead letters.
     fn publisher(&self) -> Arc<dyn Publish>;
 
+    /// The subscription as the service describes itself: by default its publisher's
+    /// protocol and server; a transport adds the group, client id or queue it reads with.
+    fn describe(&self) -> crate::Described {
+        self.publisher().describe()
+    }
+
     /// Opens the subscription (missing streams, unknown topics... are errors here).
     fn open(
         self,

@@ -51,6 +51,7 @@
 mod capabilities;
 mod declaration;
 mod delivery;
+mod describe;
 mod descriptor;
 mod due;
 mod env;
@@ -68,6 +69,7 @@ mod wait;
 pub use capabilities::{Capabilities, DeadLetters, DelayedRedelivery, Verb};
 pub use declaration::Declaration;
 pub use delivery::{Attempt, AttemptSource, Delivery, HeaderSource, Metadata, PositionSource};
+pub use describe::Described;
 pub use descriptor::{Backlog, BacklogProbe, Descriptor, LinkProbe, Subscription};
 pub use due::Held;
 pub use env::{Env, EnvError, FromEnvError};

@@ -136,6 +136,12 @@ pub trait Publish: Send + Sync + 'static {
             messages.into_iter().map(|m| self.publish(m)).collect();
         Box::pin(all.collect())
     }
+
+    /// The protocol and server this publisher reaches, for the service's description
+    /// of itself (never its credentials); nothing by default.
+    fn describe(&self) -> crate::Described {
+        crate::Described::default()
+    }
 }
 
 #[cfg(test)]

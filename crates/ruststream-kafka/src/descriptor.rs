@@ -53,6 +53,16 @@ impl Source {
         }
     }
 
+    /// The subscription as the service describes itself: its group, client id and
+    /// commit mode on top of the publisher's server.
+    fn describe(&self, server: ruststream_core::Described) -> ruststream_core::Described {
+        let mut described = server
+            .group(&self.group)
+            .setting("commit", format!("{:?}", self.commit.mode()).to_lowercase());
+        described.client_id = self.settings.values.get("client.id").cloned();
+        described
+    }
+
     /// Why `consumers` consumers cannot share this subscription, if they cannot.
     fn consumers_rule(&self, consumers: usize) -> Option<String> {
         if consumers < 2 {
@@ -415,6 +425,10 @@ macro_rules! descriptor {
                     Some(pipeline) => Arc::new(pipeline.publisher()),
                     None => Arc::new(self.source.kafka.publisher()),
                 }
+            }
+
+            fn describe(&self) -> ruststream_core::Described {
+                self.source.describe(self.publisher().describe())
             }
 
             async fn open(self, _declaration: &Declaration) -> Result<KafkaSubscription, SubscribeError> {

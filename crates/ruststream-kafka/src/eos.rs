@@ -194,6 +194,11 @@ impl std::fmt::Debug for EosPublisher {
 }
 
 impl Publish for EosPublisher {
+    fn describe(&self) -> ruststream_core::Described {
+        ruststream_core::Described::new("kafka", self.pipeline.kafka.brokers())
+            .setting("transactional-id", &self.pipeline.id)
+    }
+
     fn publish(&self, message: Outgoing) -> BoxFuture<'_, Result<(), PublishError>> {
         Box::pin(async move {
             let Some(producer) = self.pipeline.producer.get().cloned() else {

@@ -314,7 +314,7 @@ impl Kafka {
 
     /// The confirmed producer, with Kafka's own answers (where a record landed).
     pub fn publisher(&self) -> KafkaPublisher {
-        KafkaPublisher::new(Arc::clone(&self.producer))
+        KafkaPublisher::new(Arc::clone(&self.producer), Arc::from(self.brokers.as_str()))
     }
 
     /// The confirmed publish, for `ruststream::Publisher::new`: the one publishing shape

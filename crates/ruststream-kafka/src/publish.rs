@@ -16,6 +16,7 @@ pub const DELIVERY_TIMEOUT: Duration = Duration::from_secs(30);
 #[derive(Clone)]
 pub struct KafkaPublisher {
     producer: Arc<FutureProducer<KafkaContext>>,
+    brokers: Arc<str>,
 }
 
 impl std::fmt::Debug for KafkaPublisher {
@@ -40,8 +41,8 @@ pub struct Landed {
 }
 
 impl KafkaPublisher {
-    pub(crate) fn new(producer: Arc<FutureProducer<KafkaContext>>) -> Self {
-        Self { producer }
+    pub(crate) fn new(producer: Arc<FutureProducer<KafkaContext>>, brokers: Arc<str>) -> Self {
+        Self { producer, brokers }
     }
 
     /// Produces one record (to `partition`, or by key when `None`) and waits for its
@@ -152,6 +153,10 @@ impl Publish for KafkaPublisher {
             .await
             .map(drop)
         })
+    }
+
+    fn describe(&self) -> ruststream_core::Described {
+        ruststream_core::Described::new("kafka", &self.brokers)
     }
 
     /// Every record handed to librdkafka at once, then the delivery reports awaited

@@ -159,6 +159,10 @@ impl Descriptor for CoreSubject {
         Arc::new(NatsPublisher::new(self.client.clone()))
     }
 
+    fn describe(&self) -> ruststream_core::Described {
+        described(&self.client, self.queue_group.as_deref())
+    }
+
     async fn open(self, _declaration: &Declaration) -> Result<CoreSubscription, SubscribeError> {
         subscribe(
             &self.client,
@@ -206,6 +210,10 @@ impl Descriptor for CoreWildcard {
 
     fn publisher(&self) -> Arc<dyn Publish> {
         Arc::new(NatsPublisher::new(self.client.clone()))
+    }
+
+    fn describe(&self) -> ruststream_core::Described {
+        described(&self.client, self.queue_group.as_deref())
     }
 
     async fn open(self, _declaration: &Declaration) -> Result<CoreSubscription, SubscribeError> {
@@ -328,4 +336,11 @@ impl Subscription for CoreSubscription {
             tracing::debug!(error = %e, "unsubscribe on close failed");
         }
     }
+}
+
+/// A Core subscription as the service describes itself: the server, its queue group.
+fn described(client: &Client, queue_group: Option<&str>) -> ruststream_core::Described {
+    let mut described = NatsPublisher::new(client.clone()).describe();
+    described.group = queue_group.map(str::to_owned);
+    described.setting("kind", "core")
 }

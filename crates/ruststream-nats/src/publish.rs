@@ -333,6 +333,12 @@ const ACK_WINDOW: usize = 1_000;
 pub struct MessageId(pub String);
 
 impl Publish for NatsPublisher {
+    /// The server as it announces itself (the client keeps no URL).
+    fn describe(&self) -> ruststream_core::Described {
+        let info = self.client.server_info();
+        ruststream_core::Described::new("nats", &format!("{}:{}", info.host, info.port))
+    }
+
     fn publish(&self, message: Outgoing) -> BoxFuture<'_, Result<(), PublishError>> {
         Box::pin(async move {
             if self.in_stream(&message.address).await? {

@@ -186,6 +186,14 @@ impl Descriptor for PulsarTopic {
         Arc::new(self.pulsar.publisher())
     }
 
+    fn describe(&self) -> ruststream_core::Described {
+        self.pulsar
+            .publisher()
+            .describe()
+            .group(&self.subscription)
+            .setting("subscription-type", format!("{:?}", self.sub_type))
+    }
+
     async fn open(self, declaration: &Declaration) -> Result<PulsarSubscription, SubscribeError> {
         let mut builder = self
             .pulsar

@@ -176,7 +176,9 @@ impl Pulsar {
             .await
             .map_err(|_| fail(Cause::new(format!("no answer within {timeout:?}"))))?
             .map_err(|e| fail(Cause::new(e)))?;
-        Ok(Self::from_client(client))
+        let mut pulsar = Self::from_client(client);
+        pulsar.publisher.server = std::sync::Arc::from(url);
+        Ok(pulsar)
     }
 
     /// Connects with settings from environment variables (the convention every

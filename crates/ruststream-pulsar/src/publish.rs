@@ -11,6 +11,9 @@ use tokio::sync::Mutex;
 #[derive(Clone)]
 pub struct PulsarPublisher {
     producers: Arc<Mutex<MultiTopicProducer<TokioExecutor>>>,
+    /// The URL connected to (empty for a client the caller made), never holding
+    /// credentials: Pulsar's connect refuses a URL with user-info.
+    pub(crate) server: Arc<str>,
 }
 
 impl std::fmt::Debug for PulsarPublisher {
@@ -32,6 +35,7 @@ impl PulsarPublisher {
             producers: Arc::new(Mutex::new(
                 client.producer().with_options(options).build_multi_topic(),
             )),
+            server: Arc::from(""),
         }
     }
 
@@ -81,6 +85,10 @@ impl PulsarPublisher {
 }
 
 impl Publish for PulsarPublisher {
+    fn describe(&self) -> ruststream_core::Described {
+        ruststream_core::Described::new("pulsar", &self.server)
+    }
+
     fn publish(&self, message: Outgoing) -> BoxFuture<'_, Result<(), PublishError>> {
         Box::pin(async move {
             self.send(

@@ -167,6 +167,23 @@ impl Descriptor for RabbitQueue {
         Arc::new(self.rabbit.publisher())
     }
 
+    fn describe(&self) -> ruststream_core::Described {
+        let mut described = self
+            .rabbit
+            .publisher()
+            .describe()
+            .setting("queue-type", format!("{:?}", self.kind).to_lowercase())
+            .setting("prefetch", self.prefetch.to_string());
+        for binding in &self.bindings {
+            described = described.setting(
+                "bound-to",
+                format!("{} ({})", binding.exchange, binding.routing_key),
+            );
+        }
+        described.queue = Some(self.queue.clone());
+        described
+    }
+
     async fn open(self, declaration: &Declaration) -> Result<RabbitSubscription, SubscribeError> {
         let connection = self
             .rabbit

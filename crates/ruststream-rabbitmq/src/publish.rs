@@ -161,6 +161,10 @@ impl RabbitPublisher {
 }
 
 impl Publish for RabbitPublisher {
+    fn describe(&self) -> ruststream_core::Described {
+        ruststream_core::Described::new("amqp", self.inner.link.shown())
+    }
+
     fn publish(&self, message: Outgoing) -> BoxFuture<'_, Result<(), PublishError>> {
         Box::pin(async move {
             self.send(&message.address, &message.headers, &message.payload)

@@ -189,6 +189,10 @@ impl Descriptor for RedisStream {
         Arc::new(self.redis.publisher())
     }
 
+    fn describe(&self) -> ruststream_core::Described {
+        self.redis.publisher().describe().group(&self.group)
+    }
+
     /// Creates the group when missing (where `start_at` says), removes consumers that
     /// left, and starts the reader task.
     async fn open(self, declaration: &Declaration) -> Result<RedisSubscription, SubscribeError> {

@@ -144,7 +144,7 @@ impl Redis {
 
     /// Adds entries to streams (`XADD`), confirmed by Redis's reply.
     pub fn publisher(&self) -> RedisPublisher {
-        RedisPublisher::new(self.commands.clone())
+        RedisPublisher::new(self.commands.clone(), Arc::clone(&self.url))
     }
 
     /// The confirmed publish, for `ruststream::Publisher::new`: the one publishing shape of

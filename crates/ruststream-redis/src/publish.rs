@@ -1,6 +1,8 @@
 //! Adding entries to a stream: `XADD`, confirmed by Redis's reply (with the server's
 //! `appendfsync always`, on disk).
 
+use std::sync::Arc;
+
 use redis::aio::ConnectionManager;
 use ruststream_core::{BoxFuture, Headers, Outgoing, Publish, PublishError, PublishErrorKind};
 
@@ -12,6 +14,8 @@ pub const PAYLOAD_FIELD: &str = "payload";
 #[derive(Clone)]
 pub struct RedisPublisher {
     connection: ConnectionManager,
+    /// The URL as it may be shown (credentials masked).
+    shown: Arc<str>,
 }
 
 impl std::fmt::Debug for RedisPublisher {
@@ -21,8 +25,8 @@ impl std::fmt::Debug for RedisPublisher {
 }
 
 impl RedisPublisher {
-    pub(crate) fn new(connection: ConnectionManager) -> Self {
-        Self { connection }
+    pub(crate) fn new(connection: ConnectionManager, shown: Arc<str>) -> Self {
+        Self { connection, shown }
     }
 
     /// Adds `payload` with `headers` to `stream` (`XADD stream * payload … name value …`)
@@ -59,6 +63,10 @@ pub(crate) fn kind(error: &redis::RedisError) -> PublishErrorKind {
 }
 
 impl Publish for RedisPublisher {
+    fn describe(&self) -> ruststream_core::Described {
+        ruststream_core::Described::new("redis", &self.shown)
+    }
+
     fn publish(&self, message: Outgoing) -> BoxFuture<'_, Result<(), PublishError>> {
         Box::pin(async move {
             self.send(&message.address, &message.headers, &message.payload)

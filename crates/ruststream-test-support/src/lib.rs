@@ -5,6 +5,7 @@
 // No function over 80 lines of code (clippy.toml), in library code (ARCHITECTURE.md).
 #![deny(clippy::too_many_lines)]
 
+pub mod asyncapi;
 pub mod bench;
 pub mod ops;
 pub mod overlap;

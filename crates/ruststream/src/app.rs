@@ -9,6 +9,7 @@ use ruststream_core::{Cause, SubscribeError};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::asyncapi::{AsyncApi, Sends, Source};
 use crate::group::Registrations;
 use crate::in_flight::InFlight;
 use crate::ops::{Health, Metrics, Ops};
@@ -55,6 +56,8 @@ pub struct App {
     observer: Option<Arc<dyn Observe>>,
     metrics: bool,
     ops: Option<SocketAddr>,
+    info: Option<(String, String)>,
+    sends: Vec<Sends>,
 }
 
 impl Default for App {
@@ -90,6 +93,8 @@ impl App {
             observer: None,
             metrics: false,
             ops: None,
+            info: None,
+            sends: Vec::new(),
         }
     }
 
@@ -133,6 +138,44 @@ impl App {
     pub fn merge(mut self, group: Registrations) -> Self {
         self.mounts.extend(group.into_mounts());
         self
+    }
+
+    /// The service's title and version in its description (AsyncAPI `info`). Unset,
+    /// the title is the program's file name and the version `0.0.0`; a service names its
+    /// package with `.info(env!("CARGO_PKG_NAME"), env!("CARGO_PKG_VERSION"))`.
+    pub fn info(mut self, title: impl Into<String>, version: impl Into<String>) -> Self {
+        self.info = Some((title.into(), version.into()));
+        self
+    }
+
+    /// Declares a message the service sends (from handlers or elsewhere), so its
+    /// description shows it: a `send` operation on its address, with its schema.
+    pub fn sends(mut self, sends: Sends) -> Self {
+        self.sends.push(sends);
+        self
+    }
+
+    /// The service's AsyncAPI 3.0.0 document (see [`asyncapi`](crate::asyncapi)),
+    /// written from the registrations and declared sends without connecting to anything.
+    pub fn asyncapi(&self) -> AsyncApi {
+        let program = std::env::current_exe()
+            .ok()
+            .and_then(|path| path.file_stem().map(|s| s.to_string_lossy().into_owned()))
+            .unwrap_or_else(|| "service".to_owned());
+        let (title, version) = match &self.info {
+            Some((title, version)) => (title.clone(), version.clone()),
+            None => (program, "0.0.0".to_owned()),
+        };
+        AsyncApi::from_source(Source {
+            title: &title,
+            version: &version,
+            entries: self
+                .mounts
+                .iter()
+                .map(|m| m.describe(self.handler_timeout))
+                .collect(),
+            sends: &self.sends,
+        })
     }
 
     /// Shares `value` with handlers that take `State<T>`. One value per type.

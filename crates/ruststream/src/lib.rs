@@ -72,6 +72,7 @@
 #![deny(clippy::too_many_lines)]
 
 mod app;
+pub mod asyncapi;
 mod backoff;
 pub mod batch;
 pub mod codec;
@@ -111,6 +112,7 @@ pub use ruststream_core::{
     AckError, Attempt, AttemptSource, Delivery, HandlerOutcome, Headers, Metadata, Outgoing,
     PublishError, RETRY_COUNT_HEADER, StartAt,
 };
+pub use schemars;
 
 /// Checks a handler where it is written: each argument an extractor, the return type an
 /// outcome, the future `Send`, each mistake reported at its cause.

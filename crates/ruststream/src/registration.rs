@@ -7,6 +7,7 @@ use std::time::Duration;
 use ruststream_core::{DeadLetters, Declaration, DelayedRedelivery, Descriptor, may_copy};
 use serde::de::DeserializeOwned;
 
+use crate::asyncapi::{Entry, MessageSchema};
 use crate::backoff::Backoff;
 use crate::batch::{BatchHandler, BatchService, DEFAULT_MAX_BATCH, DEFAULT_MAX_WAIT};
 use crate::codec::Codec;
@@ -98,6 +99,8 @@ pub(crate) struct Options {
     pub(crate) max_in_flight: usize,
     /// How batches are cut (a batch registration, [`on_batch`](crate::on_batch)).
     pub(crate) batch: Option<BatchLimits>,
+    /// The payload's type, for the service's description (AsyncAPI).
+    pub(crate) schema: Option<MessageSchema>,
 }
 
 impl Options {
@@ -166,6 +169,7 @@ impl Default for Options {
             backoff: None,
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
             batch: None,
+            schema: None,
         }
     }
 }
@@ -273,6 +277,16 @@ impl<D: Descriptor, S> Registration<D, S> {
         self
     }
 
+    /// Declares the payload's type for the service's description: the AsyncAPI document
+    /// ([`App::asyncapi`](crate::App::asyncapi)) shows its JSON Schema for what this
+    /// registration reads, retries and dead-letters. Any type deriving
+    /// [`schemars::JsonSchema`] (re-exported as `ruststream::schemars`); without it the
+    /// document says any payload.
+    pub fn schema<T: schemars::JsonSchema>(mut self) -> Self {
+        self.options.schema = Some(MessageSchema::of::<T>());
+        self
+    }
+
     /// What happens to deliveries an extractor refuses.
     pub fn on_failure(mut self, policy: FailurePolicy) -> Self {
         self.options.failure_policy = policy;
@@ -307,6 +321,48 @@ impl<D: Descriptor, S> Registration<D, S> {
         declaration.retry_address = retry.map(Arc::from);
         declaration.consumers = self.options.consumers;
         declaration
+    }
+
+    /// The registration as the service's description shows it.
+    pub(crate) fn entry(&self, app_timeout: Duration) -> Entry {
+        use serde_json::json;
+        let declaration = self.declaration();
+        let capabilities = self.descriptor.capabilities();
+        let options = &self.options;
+        let retry = declaration
+            .retry_address
+            .as_deref()
+            .filter(|_| may_copy(&declaration, &capabilities));
+        let mut policy = vec![
+            ("max-attempts", json!(options.max_attempts)),
+            ("on-failure", json!(format!("{:?}", options.failure_policy))),
+            ("lanes", json!(options.lanes)),
+            ("lane-by", json!(format!("{:?}", options.lane_key))),
+            ("consumers", json!(options.consumers)),
+            ("max-in-flight", json!(options.max_in_flight)),
+            (
+                "timeout-ms",
+                json!(options.timeout.unwrap_or(app_timeout).as_millis() as u64),
+            ),
+        ];
+        if let Some(limits) = options.batch {
+            policy.push(("max-batch", json!(limits.max_batch)));
+            policy.push(("max-wait-ms", json!(limits.max_wait.as_millis() as u64)));
+        }
+        Entry {
+            name: self.name.clone(),
+            address: self.descriptor.address().to_owned(),
+            server: self.descriptor.describe(),
+            retry: retry.map(str::to_owned),
+            dead_letter: options.dead_letter.clone(),
+            dead_letter_by: match capabilities.dead_letters {
+                DeadLetters::Runtime => "runtime",
+                DeadLetters::Broker => "broker",
+                DeadLetters::Subscription => "subscription",
+            },
+            schema: options.schema.clone(),
+            policy,
+        }
     }
 
     /// Every rule this registration breaks (SPEC E4), one string each.

@@ -188,6 +188,14 @@ impl Descriptor for JetStreamConsumer {
         Arc::new(NatsPublisher::new(self.client.clone()))
     }
 
+    fn describe(&self) -> ruststream_core::Described {
+        self.publisher()
+            .describe()
+            .group(&self.consumer)
+            .setting("kind", "jetstream")
+            .setting("stream", &self.stream)
+    }
+
     async fn open(
         self,
         declaration: &Declaration,

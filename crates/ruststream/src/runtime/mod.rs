@@ -46,6 +46,10 @@ impl<D: Descriptor, S: Service> Mount for Registration<D, S> {
         Registration::violations(self, state)
     }
 
+    fn describe(&self, app_timeout: std::time::Duration) -> crate::asyncapi::Entry {
+        self.entry(app_timeout)
+    }
+
     fn start<'a>(
         self: Box<Self>,
         env: Env,
@@ -79,6 +83,10 @@ where
 
     fn violations(&self, state: &StateMap) -> Vec<String> {
         Registration::violations(self, state)
+    }
+
+    fn describe(&self, app_timeout: std::time::Duration) -> crate::asyncapi::Entry {
+        self.entry(app_timeout)
     }
 
     fn start<'a>(

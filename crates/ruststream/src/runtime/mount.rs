@@ -8,6 +8,7 @@ use ruststream_core::{BoxFuture, Delivery, Plan, SubscribeError};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::asyncapi::Entry;
 use crate::in_flight::InFlight;
 use crate::middleware::Completion;
 use crate::ops::{Health, Metrics};
@@ -37,6 +38,8 @@ pub(crate) trait Mount: Send {
     fn name(&self) -> &str;
     fn address(&self) -> &str;
     fn violations(&self, state: &StateMap) -> Vec<String>;
+    /// The registration in the service's description (AsyncAPI).
+    fn describe(&self, app_timeout: Duration) -> Entry;
     /// Opens the registration's subscriptions (one per consumer) and spawns their
     /// drivers, each added to `started` as soon as it runs.
     fn start<'a>(
