@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,7 +10,7 @@ use ruststream_core::{Cause, SubscribeError};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::asyncapi::{AsyncApi, Sends, Source};
+use crate::asyncapi::{AsyncApi, Sends, Served, Source};
 use crate::group::Registrations;
 use crate::in_flight::InFlight;
 use crate::ops::{Health, Metrics, Ops};
@@ -58,6 +59,7 @@ pub struct App {
     ops: Option<SocketAddr>,
     info: Option<(String, String)>,
     sends: Vec<Sends>,
+    asyncapi_page: Option<PathBuf>,
 }
 
 impl Default for App {
@@ -95,6 +97,7 @@ impl App {
             ops: None,
             info: None,
             sends: Vec::new(),
+            asyncapi_page: None,
         }
     }
 
@@ -117,6 +120,19 @@ impl App {
     pub fn ops_on(mut self, addr: SocketAddr) -> Self {
         self.ops = Some(addr);
         self.metrics = true;
+        self
+    }
+
+    /// Renders the service's description at the ops endpoint's `/asyncapi` with the
+    /// AsyncAPI project's React component: `bundle` is its standalone bundle, a file
+    /// you fetch once (`npm install @asyncapi/react-component@3`, then
+    /// `node_modules/@asyncapi/react-component/browser/standalone/index.js`; its
+    /// `styles/default.min.css` is found beside it). The page loads it from the endpoint,
+    /// never from the internet. Without it, `/asyncapi` says how to get one and links
+    /// `/asyncapi.json` and `/asyncapi.yaml`, which are always served. A bundle that
+    /// cannot be read fails the start ([`StartError::Ops`]).
+    pub fn asyncapi_page(mut self, bundle: impl Into<PathBuf>) -> Self {
+        self.asyncapi_page = Some(bundle.into());
         self
     }
 
@@ -261,11 +277,18 @@ impl App {
                             source: Cause::new(e),
                         })?;
                 let bound = listener.local_addr().unwrap_or(addr);
+                let page = self.asyncapi_page.as_deref();
+                let asyncapi = Served::new(&self.asyncapi(), page).map_err(|e| {
+                    let bundle = page.map(|p| p.display().to_string()).unwrap_or_default();
+                    let source = Cause::new(format!("the AsyncAPI page's bundle `{bundle}`: {e}"));
+                    StartError::Ops { addr, source }
+                })?;
                 let ops = Arc::new(Ops {
                     metrics: metrics.clone(),
                     health: Arc::clone(&health),
+                    asyncapi,
                 });
-                tracing::info!(address = %bound, "ops endpoint serving /metrics, /health/live, /health/ready");
+                tracing::info!(address = %bound, "ops endpoint serving /metrics, /health/live, /health/ready, /asyncapi");
                 Some((bound, tokio::spawn(crate::ops::serve(listener, ops))))
             }
             None => None,

@@ -47,7 +47,7 @@ pub(crate) fn document(source: Source<'_>) -> Value {
             .name
             .clone()
             .unwrap_or_else(|| format!("send.{}", sends.address));
-        let operation = operation("send", &channel, &message, "sends it");
+        let operation = operation("send", &channel, &message, "The service sends it.");
         parts.operations.insert(component_name(&id), operation);
     }
     json!({
@@ -81,7 +81,8 @@ impl Parts {
             let bindings = json!({"amqp": {"is": "queue", "queue": {"name": queue}, "bindingVersion": "0.3.0"}});
             self.channels[&channel]["bindings"] = bindings;
         }
-        let mut receive = operation("receive", &channel, &received, "handles it");
+        let summary = format!("`{}` handles each message.", entry.name);
+        let mut receive = operation("receive", &channel, &received, &summary);
         if let Some(bindings) = operation_bindings(&entry.server) {
             receive["bindings"] = bindings;
         }
@@ -100,7 +101,11 @@ impl Parts {
                 Role::RetryCopy,
             );
             let channel = self.channel(retry, server.as_deref(), &copy);
-            let send = operation("send", &channel, &copy, "publishes a retry copy");
+            let summary = format!(
+                "`{}` publishes a retry copy of a message to try again.",
+                entry.name
+            );
+            let send = operation("send", &channel, &copy, &summary);
             self.operations.insert(format!("{name}.retry"), send);
         }
         if let Some(dead) = &entry.dead_letter {
@@ -111,7 +116,8 @@ impl Parts {
                 Role::DeadLetter,
             );
             let channel = self.channel(dead, server.as_deref(), &letter);
-            let mut send = operation("send", &channel, &letter, "dead-letters it");
+            let summary = format!("`{}` sends a message it gives up on here.", entry.name);
+            let mut send = operation("send", &channel, &letter, &summary);
             send["x-ruststream-written-by"] = Value::String(entry.dead_letter_by.to_owned());
             self.operations.insert(format!("{name}.dead-letter"), send);
         }
@@ -226,10 +232,10 @@ impl Parts {
     }
 }
 
-fn operation(action: &str, channel: &str, message: &str, what: &str) -> Value {
+fn operation(action: &str, channel: &str, message: &str, summary: &str) -> Value {
     json!({
         "action": action,
-        "summary": format!("The service {what}."),
+        "summary": summary,
         "channel": {"$ref": format!("#/channels/{channel}")},
         "messages": [{"$ref": format!("#/channels/{channel}/messages/{message}")}],
     })

@@ -34,6 +34,7 @@
 //! ```
 
 mod document;
+mod page;
 mod schema;
 mod yaml;
 
@@ -43,6 +44,7 @@ use serde_json::Value;
 use crate::publisher::Publisher;
 
 pub(crate) use document::document;
+pub(crate) use page::{BUNDLE_PATH, STYLES_PATH, Served};
 pub(crate) use schema::MessageSchema;
 
 /// An AsyncAPI 3.0.0 document ([`App::asyncapi`](crate::App::asyncapi)).

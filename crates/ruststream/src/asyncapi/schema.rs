@@ -86,8 +86,8 @@ pub(crate) fn open_payload(registration: &str) -> Value {
     open.insert(
         "description".to_owned(),
         Value::String(format!(
-            "no schema declared for `{registration}`: any payload; declare one with \
-             .schema::<T>() on a type deriving schemars::JsonSchema"
+            "No schema declared for `{registration}`: any payload. Declare one with \
+             `.schema::<T>()` on a type deriving `schemars::JsonSchema`."
         )),
     );
     Value::Object(open)

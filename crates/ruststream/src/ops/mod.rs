@@ -169,4 +169,6 @@ impl Health {
 pub(crate) struct Ops {
     pub(crate) metrics: Option<Arc<Metrics>>,
     pub(crate) health: Arc<Health>,
+    /// The service's description (`/asyncapi.json`, `/asyncapi.yaml`, `/asyncapi`).
+    pub(crate) asyncapi: crate::asyncapi::Served,
 }

@@ -17,6 +17,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use super::Ops;
+use crate::asyncapi::{BUNDLE_PATH, STYLES_PATH};
 
 /// Connections held at most: one more is closed at once, unread (a probe or a scrape
 /// needs one or two; a client that opens thousands gets no more than this).
@@ -132,11 +133,32 @@ async fn answer(
             }
             None => text(StatusCode::NOT_FOUND, "metrics are off\n".to_owned()),
         },
+        "/asyncapi.json" => file(&ops.asyncapi.json, "application/json"),
+        "/asyncapi.yaml" => file(&ops.asyncapi.yaml, "application/yaml"),
+        "/asyncapi" => file(&ops.asyncapi.page, "text/html; charset=utf-8"),
+        path if path == BUNDLE_PATH && ops.asyncapi.bundle.is_some() => file(
+            ops.asyncapi.bundle.as_ref().unwrap_or(&Bytes::new()),
+            "text/javascript",
+        ),
+        path if path == STYLES_PATH && ops.asyncapi.styles.is_some() => file(
+            ops.asyncapi.styles.as_ref().unwrap_or(&Bytes::new()),
+            "text/css",
+        ),
         _ => text(
             StatusCode::NOT_FOUND,
-            "not found; try /metrics, /health/live or /health/ready\n".to_owned(),
+            "not found; try /metrics, /health/live, /health/ready, /asyncapi or /asyncapi.json\n"
+                .to_owned(),
         ),
     })
+}
+
+fn file(body: &Bytes, content_type: &'static str) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(body.clone()));
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static(content_type),
+    );
+    response
 }
 
 fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
