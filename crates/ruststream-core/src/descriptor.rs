@@ -68,6 +68,14 @@ pub trait Descriptor: Clone + Send + 'static {
         self.publisher().describe()
     }
 
+    /// Asks the broker whether it answers and whether what this subscription reads
+    /// exists (a metadata request, a passive declare), without joining a group, creating
+    /// anything or receiving a message: a service's `check --connect`. `Err` says what
+    /// failed. By default nothing is asked.
+    fn verify(&self) -> impl Future<Output = Result<(), String>> + Send {
+        std::future::ready(Ok(()))
+    }
+
     /// Opens the subscription (missing streams, unknown topics... are errors here).
     fn open(
         self,

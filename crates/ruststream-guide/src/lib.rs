@@ -27,6 +27,8 @@ pages! {
     ConnectingSecurely => "connecting-securely.md",
     Testing => "testing.md",
     Operating => "operating.md",
+    AsyncApi => "asyncapi.md",
+    Cli => "cli.md",
     Defaults => "defaults.md",
     Failures => "failures.md",
     Batches => "batches.md",

@@ -127,7 +127,7 @@ impl Source {
     async fn reachable(&self) -> Result<(), SubscribeError> {
         let timeout = self.kafka.connect_timeout_value();
         let Some(warn_every) = self.kafka.wait_for_cluster_value() else {
-            return self.answers_within(timeout).await;
+            return self.answers_within(timeout).await.map(drop);
         };
         ruststream_core::wait_for_broker(
             "Kafka",
@@ -135,13 +135,14 @@ impl Source {
             warn_every,
             // Refused credentials or TLS do not get better by waiting.
             |e: &SubscribeError| !e.to_string().contains("refused the connection"),
-            || self.answers_within(timeout.min(warn_every)),
+            || async { self.answers_within(timeout.min(warn_every)).await.map(drop) },
             tokio::time::sleep,
         )
         .await
     }
 
-    async fn answers_within(&self, timeout: Duration) -> Result<(), SubscribeError> {
+    /// The cluster's answer: the topics it has.
+    async fn answers_within(&self, timeout: Duration) -> Result<Vec<String>, SubscribeError> {
         let brokers = self.kafka.brokers().to_owned();
         let mut config = self.kafka.client_config();
         config.set_log_level(RDKafkaLogLevel::Critical);
@@ -159,7 +160,10 @@ impl Source {
                     // a poll serves, and connects only once it has one.
                     let _ = probe.poll(Duration::from_millis(200));
                 }
-                let answer = probe.fetch_metadata(None, timeout).map(drop);
+                let answer = probe.fetch_metadata(None, timeout).map(|metadata| {
+                    let topics = metadata.topics().iter();
+                    topics.map(|t| t.name().to_owned()).collect::<Vec<_>>()
+                });
                 if answer.is_err() {
                     // Error events (authentication, TLS) reach the context in a poll.
                     let _ = probe.poll(Duration::from_millis(100));
@@ -179,13 +183,40 @@ impl Source {
             Err(SubscribeError::new(&self.address, reason))
         };
         match answer {
-            Some(Ok(())) => Ok(()),
+            Some(Ok(topics)) => Ok(topics),
             Some(Err(e)) => failed(format!(
                 "cannot reach Kafka at `{brokers}` within {timeout:?}: {e}"
             )),
             None => failed(format!(
                 "cannot reach Kafka at `{brokers}` within {timeout:?}"
             )),
+        }
+    }
+
+    /// The cluster answers and has every topic this subscription names (a pattern is
+    /// not checked): `check --connect`.
+    async fn verify(&self) -> Result<(), String> {
+        let topics = self
+            .answers_within(self.kafka.connect_timeout_value())
+            .await
+            .map_err(|e| e.to_string())?;
+        let named: Vec<&str> = match &self.selection {
+            Selection::Topic(t) => vec![t.as_str()],
+            Selection::Topics(ts) => ts.iter().map(String::as_str).collect(),
+            Selection::Partitions(ps) => ps.iter().map(|(t, _, _)| t.as_str()).collect(),
+        };
+        let missing: Vec<&str> = named
+            .into_iter()
+            .filter(|t| !t.starts_with('^') && !topics.iter().any(|have| have == t))
+            .collect();
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "Kafka at `{}` has no topic `{}`",
+                self.kafka.brokers(),
+                missing.join("`, `")
+            ))
         }
     }
 
@@ -429,6 +460,10 @@ macro_rules! descriptor {
 
             fn describe(&self) -> ruststream_core::Described {
                 self.source.describe(self.publisher().describe())
+            }
+
+            async fn verify(&self) -> Result<(), String> {
+                self.source.verify().await
             }
 
             async fn open(self, _declaration: &Declaration) -> Result<KafkaSubscription, SubscribeError> {

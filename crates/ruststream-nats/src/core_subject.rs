@@ -163,6 +163,10 @@ impl Descriptor for CoreSubject {
         described(&self.client, self.queue_group.as_deref())
     }
 
+    async fn verify(&self) -> Result<(), String> {
+        answers(&self.client).await
+    }
+
     async fn open(self, _declaration: &Declaration) -> Result<CoreSubscription, SubscribeError> {
         subscribe(
             &self.client,
@@ -214,6 +218,10 @@ impl Descriptor for CoreWildcard {
 
     fn describe(&self) -> ruststream_core::Described {
         described(&self.client, self.queue_group.as_deref())
+    }
+
+    async fn verify(&self) -> Result<(), String> {
+        answers(&self.client).await
     }
 
     async fn open(self, _declaration: &Declaration) -> Result<CoreSubscription, SubscribeError> {
@@ -343,4 +351,13 @@ fn described(client: &Client, queue_group: Option<&str>) -> ruststream_core::Des
     let mut described = NatsPublisher::new(client.clone()).describe();
     described.group = queue_group.map(str::to_owned);
     described.setting("kind", "core")
+}
+
+/// The server answers a flush within 5 s (`check --connect`).
+async fn answers(client: &Client) -> Result<(), String> {
+    match tokio::time::timeout(std::time::Duration::from_secs(5), client.flush()).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(format!("the NATS server did not answer: {e}")),
+        Err(_) => Err("the NATS server did not answer within 5s".to_owned()),
+    }
 }

@@ -194,6 +194,19 @@ impl Descriptor for PulsarTopic {
             .setting("subscription-type", format!("{:?}", self.sub_type))
     }
 
+    /// A lookup of each topic answers (the broker that owns it).
+    async fn verify(&self) -> Result<(), String> {
+        for topic in &self.topics {
+            let lookup = self.pulsar.client().lookup_topic(topic.clone());
+            match tokio::time::timeout(Duration::from_secs(5), lookup).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => return Err(format!("Pulsar topic `{topic}`: {e}")),
+                Err(_) => return Err(format!("Pulsar did not answer within 5s about `{topic}`")),
+            }
+        }
+        Ok(())
+    }
+
     async fn open(self, declaration: &Declaration) -> Result<PulsarSubscription, SubscribeError> {
         let mut builder = self
             .pulsar

@@ -184,6 +184,35 @@ impl Descriptor for RabbitQueue {
         described
     }
 
+    /// The broker answers and, unless the queue is declared at start, has it (a
+    /// passive declare on a channel of its own).
+    async fn verify(&self) -> Result<(), String> {
+        let connection = self
+            .rabbit
+            .link
+            .connected()
+            .await
+            .map_err(|e| e.to_string())?;
+        if self.declare {
+            return Ok(());
+        }
+        let channel = connection
+            .create_channel()
+            .await
+            .map_err(|e| e.to_string())?;
+        let passive = lapin::options::QueueDeclareOptions {
+            passive: true,
+            ..Default::default()
+        };
+        let declared = channel
+            .queue_declare(self.queue.as_str().into(), passive, Default::default())
+            .await;
+        let _ = channel.close(200, "checked".into()).await;
+        declared
+            .map(drop)
+            .map_err(|e| format!("RabbitMQ queue `{}`: {e}", self.queue))
+    }
+
     async fn open(self, declaration: &Declaration) -> Result<RabbitSubscription, SubscribeError> {
         let connection = self
             .rabbit

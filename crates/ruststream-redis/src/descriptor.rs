@@ -193,6 +193,18 @@ impl Descriptor for RedisStream {
         self.redis.publisher().describe().group(&self.group)
     }
 
+    /// The server answers a `PING` (stream and group are made at start when missing).
+    async fn verify(&self) -> Result<(), String> {
+        let mut connection = self.redis.connection();
+        let command = redis::cmd("PING");
+        let ping = command.query_async::<String>(&mut connection);
+        match tokio::time::timeout(Duration::from_secs(5), ping).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(format!("Redis did not answer: {e}")),
+            Err(_) => Err("Redis did not answer within 5s".to_owned()),
+        }
+    }
+
     /// Creates the group when missing (where `start_at` says), removes consumers that
     /// left, and starts the reader task.
     async fn open(self, declaration: &Declaration) -> Result<RedisSubscription, SubscribeError> {

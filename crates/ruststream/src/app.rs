@@ -234,6 +234,14 @@ impl App {
         self
     }
 
+    pub(crate) fn mounts(&self) -> &[Box<dyn Mount>] {
+        &self.mounts
+    }
+
+    pub(crate) fn declared_sends(&self) -> &[Sends] {
+        &self.sends
+    }
+
     /// Every violation of every registration (SPEC E4), without opening anything.
     pub fn validate(&self) -> Result<(), StartError> {
         let app_rules = self.handler_timeout.is_zero().then(|| Violation {

@@ -75,6 +75,7 @@ mod app;
 pub mod asyncapi;
 mod backoff;
 pub mod batch;
+mod cli;
 pub mod codec;
 #[cfg(feature = "conformance")]
 pub mod conformance;

@@ -196,6 +196,20 @@ impl Descriptor for JetStreamConsumer {
             .setting("stream", &self.stream)
     }
 
+    /// The stream exists (the durable is made at start when missing).
+    async fn verify(&self) -> Result<(), String> {
+        let jetstream = async_nats::jetstream::new(self.client.clone());
+        let asked = jetstream.get_stream(&self.stream);
+        match tokio::time::timeout(Duration::from_secs(5), asked).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(format!("JetStream stream `{}`: {e}", self.stream)),
+            Err(_) => Err(format!(
+                "JetStream did not answer within 5s about stream `{}`",
+                self.stream
+            )),
+        }
+    }
+
     async fn open(
         self,
         declaration: &Declaration,

@@ -81,10 +81,11 @@ impl AsyncApi {
 /// let app = App::new().sends(Sends::to(&broker.publisher(), "shipments").schema::<Shipped>());
 /// assert!(app.asyncapi().json().contains("shipments"));
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Sends {
     pub(crate) address: String,
     pub(crate) server: Described,
+    pub(crate) publisher: Publisher,
     pub(crate) schema: Option<MessageSchema>,
     pub(crate) name: Option<String>,
 }
@@ -95,6 +96,7 @@ impl Sends {
         Self {
             address: address.into(),
             server: publisher.as_publish().describe(),
+            publisher: publisher.clone(),
             schema: None,
             name: None,
         }
@@ -110,6 +112,15 @@ impl Sends {
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = Some(name.into());
         self
+    }
+}
+
+impl std::fmt::Debug for Sends {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sends")
+            .field("address", &self.address)
+            .field("server", &self.server)
+            .finish_non_exhaustive()
     }
 }
 

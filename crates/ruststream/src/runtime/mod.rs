@@ -50,6 +50,14 @@ impl<D: Descriptor, S: Service> Mount for Registration<D, S> {
         self.entry(app_timeout)
     }
 
+    fn verify(&self) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(self.descriptor.verify())
+    }
+
+    fn publisher(&self) -> Arc<dyn ruststream_core::Publish> {
+        self.descriptor.publisher()
+    }
+
     fn start<'a>(
         self: Box<Self>,
         env: Env,
@@ -87,6 +95,14 @@ where
 
     fn describe(&self, app_timeout: std::time::Duration) -> crate::asyncapi::Entry {
         self.entry(app_timeout)
+    }
+
+    fn verify(&self) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(self.descriptor.verify())
+    }
+
+    fn publisher(&self) -> Arc<dyn ruststream_core::Publish> {
+        self.descriptor.publisher()
     }
 
     fn start<'a>(

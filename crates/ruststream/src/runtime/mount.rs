@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ruststream_core::{BoxFuture, Delivery, Plan, SubscribeError};
+use ruststream_core::{BoxFuture, Delivery, Plan, Publish, SubscribeError};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -40,6 +40,10 @@ pub(crate) trait Mount: Send {
     fn violations(&self, state: &StateMap) -> Vec<String>;
     /// The registration in the service's description (AsyncAPI).
     fn describe(&self, app_timeout: Duration) -> Entry;
+    /// Asks the broker whether it answers and has what the registration reads.
+    fn verify(&self) -> BoxFuture<'_, Result<(), String>>;
+    /// The broker's confirmed publish.
+    fn publisher(&self) -> Arc<dyn Publish>;
     /// Opens the registration's subscriptions (one per consumer) and spawns their
     /// drivers, each added to `started` as soon as it runs.
     fn start<'a>(
