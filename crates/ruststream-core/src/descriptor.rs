@@ -76,6 +76,19 @@ pub trait Descriptor: Clone + Send + 'static {
         std::future::ready(Ok(()))
     }
 
+    /// The dead letters at `address` (this registration's dead-letter address), to list
+    /// and replay them. By default: this broker keeps none to read back.
+    fn dead_letters(
+        &self,
+        address: &str,
+    ) -> impl Future<Output = Result<Box<dyn crate::LetterBox>, String>> + Send {
+        let _ = address;
+        std::future::ready(Err(format!(
+            "{} keeps no dead letters to read back",
+            self.transport()
+        )))
+    }
+
     /// Opens the subscription (missing streams, unknown topics... are errors here).
     fn open(
         self,

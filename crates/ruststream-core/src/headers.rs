@@ -8,6 +8,11 @@ use bytes::Bytes;
 /// attempt 2, and so on (attempt = header + 1).
 pub const RETRY_COUNT_HEADER: &str = "x-ruststream-retry-count";
 
+/// How many times a dead letter was replayed (`dead-letters replay`): a message
+/// replayed more than the replay bound is refused, so a poison message cannot loop
+/// through replays for ever.
+pub const REPLAYS_HEADER: &str = "x-ruststream-replays";
+
 /// The prefix of the headers a dead letter the runtime publishes adds beside the
 /// original's own (SPEC D6): why it was dead-lettered and where it came from. A reader
 /// that ignores this prefix sees the last attempt exactly as it arrived.

@@ -58,6 +58,7 @@ mod env;
 mod error;
 pub mod hash;
 mod headers;
+mod letters;
 mod names;
 mod outcome;
 mod plan;
@@ -77,8 +78,9 @@ pub use error::{AckError, Cause, ConnectError, PublishError, PublishErrorKind, S
 pub use headers::{
     DEAD_LETTER_AT, DEAD_LETTER_ATTEMPTS, DEAD_LETTER_OFFSET, DEAD_LETTER_PARTITION,
     DEAD_LETTER_PREFIX, DEAD_LETTER_REASON, DEAD_LETTER_REGISTRATION, DEAD_LETTER_SEQUENCE,
-    DEAD_LETTER_SOURCE, Headers, MalformedRetryCount, RETRY_COUNT_HEADER,
+    DEAD_LETTER_SOURCE, Headers, MalformedRetryCount, REPLAYS_HEADER, RETRY_COUNT_HEADER,
 };
+pub use letters::{Letter, LetterBox};
 pub use names::AddressNames;
 pub use outcome::{HandlerOutcome, OutcomeKind};
 pub use plan::{CopyTarget, Plan, PlannedCopy, Settle, Verdict, may_copy, plan};

@@ -466,6 +466,11 @@ macro_rules! descriptor {
                 self.source.verify().await
             }
 
+            async fn dead_letters(&self, address: &str) -> Result<Box<dyn ruststream_core::LetterBox>, String> {
+                let letters = crate::letters::KafkaLetters::open(&self.source.kafka, address).await?;
+                Ok(Box::new(letters))
+            }
+
             async fn open(self, _declaration: &Declaration) -> Result<KafkaSubscription, SubscribeError> {
                 self.source.open().await
             }

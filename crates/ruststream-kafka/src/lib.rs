@@ -87,6 +87,7 @@ mod context;
 mod descriptor;
 mod eos;
 mod lag;
+mod letters;
 mod publish;
 mod receipt;
 mod security;
@@ -103,6 +104,7 @@ pub use descriptor::{
     DEFAULT_CONSUMER_CLOSE_TIMEOUT, Grouped, KafkaPartitions, KafkaTopic, KafkaTopics, NeedsGroup,
 };
 pub use eos::{DEFAULT_COMMIT_INTERVAL, EosPipeline, EosPublisher, WindowReport};
+pub use letters::DEAD_LETTER_GROUP;
 pub use publish::{DELIVERY_TIMEOUT, KafkaPublisher, Landed, Partition};
 pub use rdkafka;
 pub use rdkafka::Offset;

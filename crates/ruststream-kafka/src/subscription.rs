@@ -65,7 +65,7 @@ impl HeaderSource for Record {
 }
 
 /// A record's headers, copied out of the client's message.
-fn headers_of(message: &BorrowedMessage<'_>) -> Headers {
+pub(crate) fn headers_of(message: &BorrowedMessage<'_>) -> Headers {
     message
         .headers()
         .map(|h| {

@@ -167,6 +167,15 @@ impl Descriptor for CoreSubject {
         answers(&self.client).await
     }
 
+    /// Core NATS keeps nothing: only a JetStream stream capturing the dead-letter
+    /// subject does (the publisher then stores them there).
+    async fn dead_letters(
+        &self,
+        address: &str,
+    ) -> Result<Box<dyn ruststream_core::LetterBox>, String> {
+        crate::jetstream::letters_of(&self.client, address).await
+    }
+
     async fn open(self, _declaration: &Declaration) -> Result<CoreSubscription, SubscribeError> {
         subscribe(
             &self.client,
@@ -222,6 +231,15 @@ impl Descriptor for CoreWildcard {
 
     async fn verify(&self) -> Result<(), String> {
         answers(&self.client).await
+    }
+
+    /// Core NATS keeps nothing: only a JetStream stream capturing the dead-letter
+    /// subject does (the publisher then stores them there).
+    async fn dead_letters(
+        &self,
+        address: &str,
+    ) -> Result<Box<dyn ruststream_core::LetterBox>, String> {
+        crate::jetstream::letters_of(&self.client, address).await
     }
 
     async fn open(self, _declaration: &Declaration) -> Result<CoreSubscription, SubscribeError> {

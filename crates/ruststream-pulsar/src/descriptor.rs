@@ -194,6 +194,16 @@ impl Descriptor for PulsarTopic {
             .setting("subscription-type", format!("{:?}", self.sub_type))
     }
 
+    /// The dead-letter topic, read by the subscription `ruststream-dead-letters`.
+    async fn dead_letters(
+        &self,
+        address: &str,
+    ) -> Result<Box<dyn ruststream_core::LetterBox>, String> {
+        Ok(Box::new(
+            crate::letters::PulsarLetters::open(&self.pulsar, address).await?,
+        ))
+    }
+
     /// A lookup of each topic answers (the broker that owns it).
     async fn verify(&self) -> Result<(), String> {
         for topic in &self.topics {

@@ -84,11 +84,13 @@
 #![deny(clippy::too_many_lines)]
 
 mod descriptor;
+mod letters;
 mod publish;
 mod security;
 pub mod subscription;
 
 pub use descriptor::PulsarTopic;
+pub use letters::DEAD_LETTER_SUBSCRIPTION;
 pub use publish::PulsarPublisher;
 pub use pulsar;
 pub use pulsar::message::proto::command_subscribe::SubType;

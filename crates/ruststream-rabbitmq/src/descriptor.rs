@@ -184,6 +184,16 @@ impl Descriptor for RabbitQueue {
         described
     }
 
+    /// The dead-letter queue, read with `basic.get` and acknowledged once replayed.
+    async fn dead_letters(
+        &self,
+        address: &str,
+    ) -> Result<Box<dyn ruststream_core::LetterBox>, String> {
+        Ok(Box::new(
+            crate::letters::RabbitLetters::open(&self.rabbit.link, address).await?,
+        ))
+    }
+
     /// The broker answers and, unless the queue is declared at start, has it (a
     /// passive declare on a channel of its own).
     async fn verify(&self) -> Result<(), String> {

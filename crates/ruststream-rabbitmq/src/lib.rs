@@ -56,6 +56,7 @@
 
 mod acks;
 mod descriptor;
+mod letters;
 mod link;
 mod probe;
 mod publish;

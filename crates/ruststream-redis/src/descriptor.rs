@@ -193,6 +193,17 @@ impl Descriptor for RedisStream {
         self.redis.publisher().describe().group(&self.group)
     }
 
+    /// The dead-letter stream, read with `XRANGE` and emptied with `XDEL`.
+    async fn dead_letters(
+        &self,
+        address: &str,
+    ) -> Result<Box<dyn ruststream_core::LetterBox>, String> {
+        Ok(Box::new(crate::letters::RedisLetters {
+            connection: self.redis.connection(),
+            stream: address.to_owned(),
+        }))
+    }
+
     /// The server answers a `PING` (stream and group are made at start when missing).
     async fn verify(&self) -> Result<(), String> {
         let mut connection = self.redis.connection();

@@ -49,6 +49,7 @@
 mod consumers;
 mod descriptor;
 mod entry;
+mod letters;
 mod publish;
 mod reader;
 pub mod subscription;

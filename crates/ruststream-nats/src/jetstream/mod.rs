@@ -15,9 +15,20 @@ use crate::keepalive::{InProgress, keep_alive};
 use crate::publish::NatsPublisher;
 use crate::subject;
 
+mod letters;
 mod subscription;
 
 pub use subscription::JetStreamSubscription;
+
+/// The dead letters on `subject`, from the stream that captures it.
+pub(crate) async fn letters_of(
+    client: &Client,
+    subject: &str,
+) -> Result<Box<dyn ruststream_core::LetterBox>, String> {
+    Ok(Box::new(
+        letters::JetStreamLetters::open(client, subject).await?,
+    ))
+}
 
 /// Messages asked for per pull request unless set: async-nats's own default.
 pub const DEFAULT_BATCH: usize = 200;
@@ -194,6 +205,14 @@ impl Descriptor for JetStreamConsumer {
             .group(&self.consumer)
             .setting("kind", "jetstream")
             .setting("stream", &self.stream)
+    }
+
+    /// The stream that captures the dead-letter subject, read from the oldest.
+    async fn dead_letters(
+        &self,
+        address: &str,
+    ) -> Result<Box<dyn ruststream_core::LetterBox>, String> {
+        letters_of(&self.client, address).await
     }
 
     /// The stream exists (the durable is made at start when missing).

@@ -58,6 +58,15 @@ impl<D: Descriptor, S: Service> Mount for Registration<D, S> {
         self.descriptor.publisher()
     }
 
+    fn dead_letters(&self) -> BoxFuture<'_, Result<Box<dyn ruststream_core::LetterBox>, String>> {
+        let (name, descriptor) = (self.name.clone(), self.descriptor.clone());
+        Box::pin(dead_letters(
+            name,
+            descriptor,
+            self.options.dead_letter.clone(),
+        ))
+    }
+
     fn start<'a>(
         self: Box<Self>,
         env: Env,
@@ -73,6 +82,18 @@ impl<D: Descriptor, S: Service> Mount for Registration<D, S> {
             )
         }))
     }
+}
+
+/// The dead letters of registration `name`, read back from `address`.
+async fn dead_letters<D: Descriptor>(
+    name: String,
+    descriptor: D,
+    address: Option<String>,
+) -> Result<Box<dyn ruststream_core::LetterBox>, String> {
+    let Some(address) = address else {
+        return Err(format!("registration `{name}` has no dead-letter address"));
+    };
+    descriptor.dead_letters(&address).await
 }
 
 /// A batch registration ([`on_batch`](crate::on_batch)), as the app holds it.
@@ -103,6 +124,15 @@ where
 
     fn publisher(&self) -> Arc<dyn ruststream_core::Publish> {
         self.descriptor.publisher()
+    }
+
+    fn dead_letters(&self) -> BoxFuture<'_, Result<Box<dyn ruststream_core::LetterBox>, String>> {
+        let (name, descriptor) = (self.name.clone(), self.descriptor.clone());
+        Box::pin(dead_letters(
+            name,
+            descriptor,
+            self.options.dead_letter.clone(),
+        ))
     }
 
     fn start<'a>(

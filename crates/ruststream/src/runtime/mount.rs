@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ruststream_core::{BoxFuture, Delivery, Plan, Publish, SubscribeError};
+use ruststream_core::{BoxFuture, Delivery, LetterBox, Plan, Publish, SubscribeError};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -44,6 +44,8 @@ pub(crate) trait Mount: Send {
     fn verify(&self) -> BoxFuture<'_, Result<(), String>>;
     /// The broker's confirmed publish.
     fn publisher(&self) -> Arc<dyn Publish>;
+    /// The dead letters at the registration's dead-letter address, read back.
+    fn dead_letters(&self) -> BoxFuture<'_, Result<Box<dyn LetterBox>, String>>;
     /// Opens the registration's subscriptions (one per consumer) and spawns their
     /// drivers, each added to `started` as soon as it runs.
     fn start<'a>(

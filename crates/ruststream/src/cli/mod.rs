@@ -1,6 +1,8 @@
 //! The service's command line ([`App::cli`](crate::App::cli)): `run`, `check`,
 //! `asyncapi` and `publish`, over `clap`.
 
+mod letters;
+
 use std::ffi::OsString;
 use std::io::Write;
 use std::process::ExitCode;
@@ -117,6 +119,7 @@ fn command(program: &str) -> Command {
                      uses several and ADDRESS is not a declared send)",
                 )),
         )
+        .subcommand(letters::command())
 }
 
 /// Runs the command `args` names (the first is the program).
@@ -143,6 +146,7 @@ where
         Some(("check", args)) => check(&app, args.get_flag("connect")).await,
         Some(("asyncapi", args)) => asyncapi(&app, args),
         Some(("publish", args)) => publish(&app, args).await,
+        Some(("dead-letters", args)) => letters::run(&app, args).await,
         Some((other, _)) => fail(format!("unknown command `{other}`")),
     };
     if report.failed {
