@@ -157,6 +157,15 @@ pub trait Subscription: Send + 'static {
         settle: Settle,
     ) -> impl Future<Output = Result<(), AckError>> + Send;
 
+    /// The headers the dead letter of `receipt` adds (SPEC D6: why, by whom, from where),
+    /// given just before [`settle`](Self::settle) is asked for [`Settle::DeadLetter`];
+    /// only subscriptions that move dead letters themselves
+    /// ([`DeadLetters::Subscription`](crate::DeadLetters::Subscription)) are given them.
+    /// By default they are not kept.
+    fn dead_letter_headers(&mut self, receipt: &Self::Receipt, headers: crate::Headers) {
+        let _ = (receipt, headers);
+    }
+
     /// Performs one settlement without a future, when it need not wait (Kafka's offset
     /// book, the memory broker's queue, a JetStream ack with room in the client's
     /// queue): [`ControlFlow::Break`] with the result [`settle`](Self::settle) would

@@ -33,6 +33,12 @@ pub trait LetterBox: Send {
     /// Removes `letter`, one [`peek`](Self::peek) returned, in the order returned.
     fn remove<'a>(&'a mut self, letter: &'a Letter) -> BoxFuture<'a, Result<(), String>>;
 
+    /// Ends the reading: every removal sent to the broker before this returns (a
+    /// process that exits right after a removal must not lose it), the rest let go.
+    fn close(&mut self) -> BoxFuture<'_, ()> {
+        Box::pin(std::future::ready(()))
+    }
+
     /// Why `--where` (replaying some letters and not others) cannot be honoured here, if
     /// it cannot: a Kafka topic removes by moving an offset past every earlier record.
     fn selective(&self) -> Result<(), String> {

@@ -93,4 +93,14 @@ impl LetterBox for PulsarLetters {
                 .map_err(|e| format!("acknowledging {} in `{}`: {e}", letter.id, self.topic))
         })
     }
+
+    /// Closing goes through the consumer's engine after the acknowledgements, so they
+    /// have been sent when it returns.
+    fn close(&mut self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            if let Err(e) = self.consumer.close().await {
+                tracing::warn!(topic = %self.topic, error = %e, "closing the dead-letter reader failed");
+            }
+        })
+    }
 }

@@ -83,7 +83,7 @@ impl LetterBox for RabbitLetters {
 }
 
 impl Drop for RabbitLetters {
-    /// What was read and not acknowledged goes back to the queue with the channel.
+    /// Closed when dropped unclosed, too (the connection's end would close it anyway).
     fn drop(&mut self) {
         let channel = self.channel.clone();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {

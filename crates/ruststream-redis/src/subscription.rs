@@ -16,7 +16,8 @@ use std::time::Duration;
 
 use redis::aio::ConnectionManager;
 use ruststream_core::{
-    AckError, Attempt, Delivery, Held, Metadata, Settle, SubscribeError, Subscription,
+    AckError, Attempt, DEAD_LETTER_PREFIX, Delivery, Headers, Held, Metadata, Settle,
+    SubscribeError, Subscription,
 };
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -48,6 +49,8 @@ pub struct RedisSubscription {
     held: Held<Instant, RedisReceipt>,
     reader: tokio::task::JoinHandle<()>,
     dead_letter: Option<Arc<str>>,
+    /// What the next dead letter adds (SPEC D6), for the entry it is given for.
+    why: Option<(EntryId, Headers)>,
 }
 
 impl std::fmt::Debug for RedisSubscription {
@@ -79,6 +82,7 @@ impl RedisSubscription {
             held: Held::new(),
             reader,
             dead_letter,
+            why: None,
         }
     }
 
@@ -284,13 +288,18 @@ impl Subscription for RedisSubscription {
                 let Some(dead) = self.dead_letter.as_deref() else {
                     return Err(AckError::failed("no dead-letter stream is declared"));
                 };
-                let moved = dead_letter(&mut self.commands, &self.shared, dead, id).await;
+                let why = self.why.take().filter(|(of, _)| *of == id).map(|(_, h)| h);
+                let moved = dead_letter(&mut self.commands, &self.shared, dead, id, why).await;
                 if moved.map_err(AckError::failed)? == 0 {
                     tracing::warn!(stream = &*self.shared.stream, entry = %id, "the entry was trimmed from the stream before it could be dead-lettered; acknowledged");
                 }
                 Ok(())
             }
         }
+    }
+
+    fn dead_letter_headers(&mut self, receipt: &RedisReceipt, headers: Headers) {
+        self.why = Some((receipt.id, headers));
     }
 
     fn holding(&self) -> usize {
@@ -417,7 +426,8 @@ async fn sleep_until_some(due: Option<Instant>) {
     }
 }
 
-/// Moves entry `id`, its fields as stored, to the dead-letter stream `dead` and
+/// Moves entry `id`, its fields as stored (an earlier dead letter's D6 fields replaced by
+/// `why`'s), to the dead-letter stream `dead` and
 /// acknowledges it: the entry is read here (`XRANGE`), then `XADD` and `XACK` go in one
 /// `MULTI`/`EXEC`, both or neither. (A server-side script cannot: Lua's `unpack` fails
 /// on an entry of a few thousand fields, which then could never be dead-lettered.)
@@ -428,6 +438,7 @@ async fn dead_letter(
     shared: &Shared,
     dead: &str,
     id: EntryId,
+    why: Option<Headers>,
 ) -> redis::RedisResult<usize> {
     let stream = &*shared.stream;
     let found: Vec<(String, Vec<Vec<u8>>)> = redis::cmd("XRANGE")
@@ -439,7 +450,17 @@ async fn dead_letter(
     let mut pipe = redis::pipe();
     pipe.atomic();
     if let Some((_, fields)) = found.first() {
-        pipe.cmd("XADD").arg(dead).arg("*").arg(fields).ignore();
+        let xadd = pipe.cmd("XADD").arg(dead).arg("*");
+        for pair in fields.chunks(2) {
+            let stamped = why.is_some() && pair[0].starts_with(DEAD_LETTER_PREFIX.as_bytes());
+            if !stamped {
+                xadd.arg(pair);
+            }
+        }
+        for (name, value) in why.iter().flat_map(Headers::iter) {
+            xadd.arg(name).arg(value.as_ref());
+        }
+        xadd.ignore();
     }
     pipe.cmd("XACK")
         .arg(stream)

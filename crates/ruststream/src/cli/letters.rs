@@ -100,11 +100,13 @@ pub(super) async fn run(app: &App, args: &ArgMatches) -> Report {
         Ok(letters) => letters,
         Err(reason) => return fail(reason),
     };
-    match verb {
+    let report = match verb {
         "list" => list(letters.as_mut(), args).await,
         "show" => show(letters.as_mut(), args).await,
         _ => replay(mount.as_ref(), letters.as_mut(), args).await,
-    }
+    };
+    letters.close().await;
+    report
 }
 
 async fn list(letters: &mut dyn LetterBox, args: &ArgMatches) -> Report {

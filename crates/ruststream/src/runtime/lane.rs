@@ -10,6 +10,7 @@ use super::lanes::Finished;
 use super::mount::Handled;
 use super::shared::{DelayedCopy, Fate, Shared};
 use super::unwind::{CatchUnwind, Caught, Report};
+use super::why::{self, Why};
 use crate::backoff::RERUN_FLOOR;
 use crate::extract::Incoming;
 use crate::middleware::Chain;
@@ -144,6 +145,16 @@ pub(crate) async fn conclude<S>(
     };
     if settle == Settle::Redeliver && shared.capabilities.redeliver_in_place {
         return Concluded::Rerun(incoming);
+    }
+    if settle == Settle::DeadLetter {
+        // The subscription moves it: it adds what the dead letter says about itself.
+        let why = Why {
+            reason: &completion.to_string(),
+            registration: &shared.registration,
+            stream_sequence: shared.stream_sequence,
+        };
+        let headers = why::added(incoming.delivery(), why);
+        return Concluded::Finished((Fate::DeadLetter(Box::new(headers)), Some(incoming)));
     }
     Concluded::Finished((Fate::Settle(settle), Some(incoming)))
 }

@@ -105,6 +105,9 @@ pub(crate) enum Fate {
     Delayed(Box<DelayedCopy>),
     /// Left unsettled on purpose: the broker brings it back (a held original at stop).
     HandedBack,
+    /// Moved to the dead letter by the subscription ([`Settle::DeadLetter`]), adding
+    /// these headers (SPEC D6). Boxed: rare.
+    DeadLetter(Box<ruststream_core::Headers>),
 }
 
 /// A delivery kept for a delayed copy: publish `copy` after its delay, then settle the

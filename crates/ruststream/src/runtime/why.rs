@@ -74,6 +74,14 @@ pub(crate) fn stamp(
     }
 }
 
+/// Only the headers [`stamp`] adds (the full reason), for a dead letter the
+/// subscription moves with the original's fields as stored.
+pub(crate) fn added(delivery: &Delivery, why: Why<'_>) -> Headers {
+    let mut headers = Headers::new();
+    stamp(&mut headers, delivery, why, Some(REASON_LIMIT));
+    headers
+}
+
 /// `text` on one line (control characters made spaces: NATS headers carry no line
 /// break), at most `limit` bytes, cut at a character boundary.
 fn cut(text: &str, limit: usize) -> String {

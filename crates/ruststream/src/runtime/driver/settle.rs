@@ -109,6 +109,11 @@ pub(super) async fn apply<Sub: Subscription, S: Send + Sync + 'static>(
             let result = subscription.settle(receipt, settle).await;
             settled(result, settle_errors, shared, settle);
         }
+        Fate::DeadLetter(headers) => {
+            subscription.dead_letter_headers(&receipt, *headers);
+            let result = subscription.settle(receipt, Settle::DeadLetter).await;
+            settled(result, settle_errors, shared, Settle::DeadLetter);
+        }
         Fate::Delayed(delayed) => {
             subscription.parked(&receipt);
             start_timer(Arc::clone(shared), receipt, *delayed, timers);
