@@ -29,6 +29,7 @@ pages! {
     Operating => "operating.md",
     AsyncApi => "asyncapi.md",
     Cli => "cli.md",
+    DeadLetters => "dead-letters.md",
     Defaults => "defaults.md",
     Failures => "failures.md",
     Batches => "batches.md",
