@@ -15,7 +15,7 @@ use ruststream_kafka::rdkafka::client::DefaultClientContext;
 use ruststream_kafka::{Commit, EosPipeline, Kafka};
 use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, schemars::JsonSchema)]
 struct Order {
     id: u64,
     cents: u64,
@@ -76,18 +76,30 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .commit_interval(Duration::from_millis(100));
     let mut reports = pipeline.reports();
     let group = format!("invoicing-{suffix}");
-    let running = App::new()
-        .register(on(
-            kafka
-                .topic(&orders)
-                .group(&group)
-                .commit(Commit::Transactional(pipeline.clone()))
-                .set("session.timeout.ms", "6000")
-                .set("heartbeat.interval.ms", "500"),
-            invoice,
-        ))
-        .start()
-        .await?;
+    let app = App::new()
+        .info("kafka-eos-example", env!("CARGO_PKG_VERSION"))
+        .register(
+            on(
+                kafka
+                    .topic(&orders)
+                    .group(&group)
+                    .commit(Commit::Transactional(pipeline.clone()))
+                    .set("session.timeout.ms", "6000")
+                    .set("heartbeat.interval.ms", "500"),
+                invoice,
+            )
+            .schema::<Order>(),
+        );
+    // With arguments (`-- asyncapi`, `-- check --connect`) the service's command line
+    // answers instead of the demonstration (the test command validates each example's
+    // AsyncAPI document this way).
+    if std::env::args().len() > 1 {
+        return match app.cli().await {
+            code if code == std::process::ExitCode::SUCCESS => Ok(()),
+            _ => Err("the command failed".into()),
+        };
+    }
+    let running = app.start().await?;
     for id in 1..=5 {
         let order = serde_json::to_vec(&Order {
             id,

@@ -16,7 +16,7 @@ use ruststream_kafka::{Commit, Kafka};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, schemars::JsonSchema)]
 struct Order {
     id: u64,
     paid: bool,
@@ -90,17 +90,27 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .set("heartbeat.interval.ms", "500")
     };
     let (tx, mut log) = mpsc::unbounded_channel();
-    let running = App::new()
+    let app = App::new()
+        .info("kafka-orders-example", env!("CARGO_PKG_VERSION"))
         .state(Log(tx))
         .register(
             on(subscription(&orders, "billing"), on_order)
+                .schema::<Order>()
                 .max_attempts(3)
                 .dead_letter(&dead)
                 .lanes(4),
         )
-        .register(on(subscription(&dead, "dead-letters"), on_dead_letter))
-        .start()
-        .await?;
+        .register(on(subscription(&dead, "dead-letters"), on_dead_letter));
+    // With arguments (`-- asyncapi`, `-- check --connect`) the service's command line
+    // answers instead of the demonstration (the test command validates each example's
+    // AsyncAPI document this way).
+    if std::env::args().len() > 1 {
+        return match app.cli().await {
+            code if code == std::process::ExitCode::SUCCESS => Ok(()),
+            _ => Err("the command failed".into()),
+        };
+    }
+    let running = app.start().await?;
 
     // The same publishing shape on every transport: to(..).key(..).send(&value).
     let publisher = Publisher::new(kafka.publish_handle());

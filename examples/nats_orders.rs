@@ -16,7 +16,7 @@ use ruststream_nats::{MessageId, Nats};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, schemars::JsonSchema)]
 struct Order {
     id: u64,
     in_stock: bool,
@@ -77,7 +77,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut dead_letters = nats.client().subscribe(dead.clone()).await?;
 
     let (tx, mut log) = mpsc::unbounded_channel();
-    let running = App::new()
+    let app = App::new()
+        .info("nats-orders-example", env!("CARGO_PKG_VERSION"))
         .state(Log(tx))
         .register(
             on(
@@ -85,12 +86,21 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     .filter_subject(&orders),
                 on_order,
             )
+            .schema::<Order>()
             .max_attempts(3)
             .dead_letter(&dead),
         )
-        .register(on(nats.subject(&prices).queue_group("pricing"), on_price))
-        .start()
-        .await?;
+        .register(on(nats.subject(&prices).queue_group("pricing"), on_price));
+    // With arguments (`-- asyncapi`, `-- check --connect`) the service's command line
+    // answers instead of the demonstration (the test command validates each example's
+    // AsyncAPI document this way).
+    if std::env::args().len() > 1 {
+        return match app.cli().await {
+            code if code == std::process::ExitCode::SUCCESS => Ok(()),
+            _ => Err("the command failed".into()),
+        };
+    }
+    let running = app.start().await?;
     nats.client().flush().await?;
 
     // The same publishing shape on every transport; the JetStream message id (the

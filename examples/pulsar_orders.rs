@@ -18,7 +18,7 @@ use ruststream_pulsar::{Pulsar, SubType};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, schemars::JsonSchema)]
 struct Order {
     id: u64,
     in_stock: bool,
@@ -66,7 +66,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let orders = format!("persistent://public/default/orders-{suffix}");
     let dead = format!("persistent://public/default/orders-dead-{suffix}");
     let (tx, mut log) = mpsc::unbounded_channel();
-    let running = App::new()
+    let app = App::new()
+        .info("pulsar-orders-example", env!("CARGO_PKG_VERSION"))
         .state(Log(tx))
         .register(
             on(
@@ -78,15 +79,24 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     .longest_delay(Duration::from_millis(300)),
                 on_order,
             )
+            .schema::<Order>()
             .max_attempts(3)
             .dead_letter(&dead),
         )
         .register(on(
             pulsar.topic(&dead).subscription("dead-letters"),
             on_dead_letter,
-        ))
-        .start()
-        .await?;
+        ));
+    // With arguments (`-- asyncapi`, `-- check --connect`) the service's command line
+    // answers instead of the demonstration (the test command validates each example's
+    // AsyncAPI document this way).
+    if std::env::args().len() > 1 {
+        return match app.cli().await {
+            code if code == std::process::ExitCode::SUCCESS => Ok(()),
+            _ => Err("the command failed".into()),
+        };
+    }
+    let running = app.start().await?;
     // The same publishing shape on every transport (headers are the message's properties).
     let publisher = Publisher::new(pulsar.publish_handle());
     for (id, in_stock) in [(1, true), (2, false)] {

@@ -10,7 +10,7 @@ use ruststream::{App, HandlerOutcome, Headers, Message, Meta, State, on};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, schemars::JsonSchema)]
 struct Order {
     id: u32,
     status: String,
@@ -57,14 +57,26 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let broker = MemoryBroker::new();
     let (tx, mut steps) = mpsc::unbounded_channel();
     let app = App::new()
+        .info("quickstart", env!("CARGO_PKG_VERSION"))
         .state(Steps(tx))
         .register(
             on(broker.topic("orders"), on_order)
                 .name("orders")
+                .schema::<Order>()
                 .max_attempts(3)
                 .dead_letter("orders.dead"),
         )
         .register(on(broker.topic("orders.dead"), on_dead_letter).name("dead-letters"));
+
+    // With arguments (`-- asyncapi`, `-- check --connect`) the service's command line
+    // answers instead of the demonstration (the test command validates each example's
+    // AsyncAPI document this way).
+    if std::env::args().len() > 1 {
+        return match app.cli().await {
+            code if code == std::process::ExitCode::SUCCESS => Ok(()),
+            _ => Err("the command failed".into()),
+        };
+    }
     let running = app.start().await?;
 
     let publisher = broker.publisher();

@@ -13,7 +13,7 @@ use ruststream_rabbitmq::{QueueKind, RabbitMq};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, schemars::JsonSchema)]
 struct Order {
     id: u64,
     in_stock: bool,
@@ -54,7 +54,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         format!("example-orders-dead-{suffix}"),
     );
     let (tx, mut log) = mpsc::unbounded_channel();
-    let running = App::new()
+    let app = App::new()
+        .info("rabbitmq-orders-example", env!("CARGO_PKG_VERSION"))
         .state(Log(tx))
         // The dead-letter reader comes first: declaring its queue at start.
         .register(on(rabbit.queue(&dead).declare(true), on_dead_letter).name("dead-letters"))
@@ -64,11 +65,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 on_order,
             )
             .name("orders")
+            .schema::<Order>()
             .max_attempts(3)
             .dead_letter(&dead),
-        )
-        .start()
-        .await?;
+        );
+    // With arguments (`-- asyncapi`, `-- check --connect`) the service's command line
+    // answers instead of the demonstration (the test command validates each example's
+    // AsyncAPI document this way).
+    if std::env::args().len() > 1 {
+        return match app.cli().await {
+            code if code == std::process::ExitCode::SUCCESS => Ok(()),
+            _ => Err("the command failed".into()),
+        };
+    }
+    let running = app.start().await?;
 
     let publisher = Publisher::new(rabbit.publish_handle());
     for (id, in_stock) in [(1, true), (2, false)] {

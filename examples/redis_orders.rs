@@ -14,7 +14,7 @@ use ruststream_redis::Redis;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, schemars::JsonSchema)]
 struct Order {
     id: u64,
     in_stock: bool,
@@ -55,18 +55,28 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         format!("example-orders-dead-{suffix}"),
     );
     let (tx, mut log) = mpsc::unbounded_channel();
-    let running = App::new()
+    let app = App::new()
+        .info("redis-orders-example", env!("CARGO_PKG_VERSION"))
         .state(Log(tx))
         // Each registration creates its stream and group at start when missing.
         .register(on(redis.stream(&dead, "audit"), on_dead_letter).name("dead-letters"))
         .register(
             on(redis.stream(&orders, "billing"), on_order)
                 .name("orders")
+                .schema::<Order>()
                 .max_attempts(3)
                 .dead_letter(&dead),
-        )
-        .start()
-        .await?;
+        );
+    // With arguments (`-- asyncapi`, `-- check --connect`) the service's command line
+    // answers instead of the demonstration (the test command validates each example's
+    // AsyncAPI document this way).
+    if std::env::args().len() > 1 {
+        return match app.cli().await {
+            code if code == std::process::ExitCode::SUCCESS => Ok(()),
+            _ => Err("the command failed".into()),
+        };
+    }
+    let running = app.start().await?;
 
     let publisher = Publisher::new(redis.publish_handle());
     for (id, in_stock) in [(1, true), (2, false)] {
