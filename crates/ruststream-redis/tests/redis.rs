@@ -7,7 +7,9 @@ use std::time::Duration;
 use redis::Value;
 use redis::aio::ConnectionManager;
 use ruststream::{App, HandlerOutcome, Headers, Message, StartError, on};
-use ruststream_core::AttemptSource;
+use ruststream_core::{
+    AttemptSource, DEAD_LETTER_ATTEMPTS, DEAD_LETTER_PREFIX, DEAD_LETTER_REASON, DEAD_LETTER_SOURCE,
+};
 use ruststream_redis::{Redis, redis};
 use ruststream_test_support::{Script, eventually, handler, logs, unique_suffix};
 
@@ -374,8 +376,23 @@ async fn s6_at_the_cap_the_entry_moves_to_the_dead_letter_stream_as_stored() {
         (b"payload".to_vec(), b"{\"id\":7}".to_vec()),
         (b"blob".to_vec(), vec![0, 255, 10]),
     ];
-    assert_eq!(moved[0].1, expected, "the fields as stored, in order");
+    let (stored, added) = said(&moved[0].1);
+    assert_eq!(stored, expected, "the fields as stored, in order");
+    // What it says about itself, added in the same MULTI (SPEC D6).
+    let added: Vec<&[u8]> = added.iter().map(|(name, _)| name.as_slice()).collect();
+    for name in [DEAD_LETTER_REASON, DEAD_LETTER_SOURCE, DEAD_LETTER_ATTEMPTS] {
+        assert!(added.contains(&name.as_bytes()), "{name} added");
+    }
     assert_eq!(pending(&redis, &key, "g").await, 0, "and acknowledged");
+}
+
+/// A dead letter's fields: those stored with the original, and those the runtime added
+/// (`x-ruststream-dead-letter-*`, SPEC D6).
+fn said(fields: &Fields) -> (Fields, Fields) {
+    fields
+        .iter()
+        .cloned()
+        .partition(|(name, _)| !name.starts_with(DEAD_LETTER_PREFIX.as_bytes()))
 }
 
 /// Issue #46, item 4: an entry of 5,000 fields (past what Lua's `unpack` takes) reaches
@@ -416,8 +433,9 @@ async fn s6_an_entry_of_5000_fields_is_dead_lettered_whole() {
     )
     .await;
     assert_eq!(moved.len(), 1, "one dead letter");
-    assert_eq!(moved[0].1.len(), 5_001, "every field as stored");
-    assert_eq!(moved[0].1[5_000], (b"f4999".to_vec(), b"v4999".to_vec()));
+    let (stored, _) = said(&moved[0].1);
+    assert_eq!(stored.len(), 5_001, "every field as stored");
+    assert_eq!(stored[5_000], (b"f4999".to_vec(), b"v4999".to_vec()));
     assert!(logs().contains("dead-lettered"), "said once confirmed");
 }
 
@@ -451,10 +469,17 @@ async fn s6_an_entry_without_a_payload_field_is_undecodable_and_dead_lettered_wi
     .await;
     running.stop().await;
     assert_eq!(called.load(std::sync::atomic::Ordering::SeqCst), 0);
-    assert_eq!(
-        fields(&redis, &dead).await,
-        [vec![("other".to_owned(), "1".to_owned())]]
-    );
+    let letters = fields(&redis, &dead).await;
+    let stored: Vec<Vec<(String, String)>> = letters
+        .iter()
+        .map(|f| {
+            f.iter()
+                .filter(|(n, _)| !n.starts_with(DEAD_LETTER_PREFIX))
+                .cloned()
+                .collect()
+        })
+        .collect();
+    assert_eq!(stored, [vec![("other".to_owned(), "1".to_owned())]]);
     assert_eq!(pending(&redis, &key, "g").await, 0);
 }
 
