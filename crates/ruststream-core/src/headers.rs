@@ -34,6 +34,9 @@ pub const DEAD_LETTER_ATTEMPTS: &str = "x-ruststream-dead-letter-attempts";
 /// When, as an RFC 3339 UTC time with milliseconds.
 pub const DEAD_LETTER_AT: &str = "x-ruststream-dead-letter-at";
 
+/// Redis Streams: the original entry's id.
+pub const DEAD_LETTER_ENTRY: &str = "x-ruststream-dead-letter-entry";
+
 /// Kafka: the original's partition.
 pub const DEAD_LETTER_PARTITION: &str = "x-ruststream-dead-letter-partition";
 

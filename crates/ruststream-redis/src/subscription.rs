@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use redis::aio::ConnectionManager;
 use ruststream_core::{
-    AckError, Attempt, DEAD_LETTER_PREFIX, Delivery, Headers, Held, Metadata, Settle,
-    SubscribeError, Subscription,
+    AckError, Attempt, DEAD_LETTER_ENTRY, DEAD_LETTER_PREFIX, Delivery, Headers, Held, Metadata,
+    Settle, SubscribeError, Subscription,
 };
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -459,6 +459,9 @@ async fn dead_letter(
         }
         for (name, value) in why.iter().flat_map(Headers::iter) {
             xadd.arg(name).arg(value.as_ref());
+        }
+        if why.is_some() {
+            xadd.arg(DEAD_LETTER_ENTRY).arg(id);
         }
         xadd.ignore();
     }

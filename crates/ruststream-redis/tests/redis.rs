@@ -8,7 +8,8 @@ use redis::Value;
 use redis::aio::ConnectionManager;
 use ruststream::{App, HandlerOutcome, Headers, Message, StartError, on};
 use ruststream_core::{
-    AttemptSource, DEAD_LETTER_ATTEMPTS, DEAD_LETTER_PREFIX, DEAD_LETTER_REASON, DEAD_LETTER_SOURCE,
+    AttemptSource, DEAD_LETTER_ATTEMPTS, DEAD_LETTER_ENTRY, DEAD_LETTER_PREFIX, DEAD_LETTER_REASON,
+    DEAD_LETTER_SOURCE,
 };
 use ruststream_redis::{Redis, redis};
 use ruststream_test_support::{Script, eventually, handler, logs, unique_suffix};
@@ -380,7 +381,12 @@ async fn s6_at_the_cap_the_entry_moves_to_the_dead_letter_stream_as_stored() {
     assert_eq!(stored, expected, "the fields as stored, in order");
     // What it says about itself, added in the same MULTI (SPEC D6).
     let added: Vec<&[u8]> = added.iter().map(|(name, _)| name.as_slice()).collect();
-    for name in [DEAD_LETTER_REASON, DEAD_LETTER_SOURCE, DEAD_LETTER_ATTEMPTS] {
+    for name in [
+        DEAD_LETTER_REASON,
+        DEAD_LETTER_SOURCE,
+        DEAD_LETTER_ATTEMPTS,
+        DEAD_LETTER_ENTRY,
+    ] {
         assert!(added.contains(&name.as_bytes()), "{name} added");
     }
     assert_eq!(pending(&redis, &key, "g").await, 0, "and acknowledged");

@@ -1,9 +1,9 @@
 //! The AsyncAPI 3.0.0 document, written from the registrations and declared sends.
 
 use ruststream_core::{
-    DEAD_LETTER_AT, DEAD_LETTER_ATTEMPTS, DEAD_LETTER_OFFSET, DEAD_LETTER_PARTITION,
-    DEAD_LETTER_REASON, DEAD_LETTER_REGISTRATION, DEAD_LETTER_SEQUENCE, DEAD_LETTER_SOURCE,
-    Described, RETRY_COUNT_HEADER,
+    DEAD_LETTER_AT, DEAD_LETTER_ATTEMPTS, DEAD_LETTER_ENTRY, DEAD_LETTER_OFFSET,
+    DEAD_LETTER_PARTITION, DEAD_LETTER_REASON, DEAD_LETTER_REGISTRATION, DEAD_LETTER_SEQUENCE,
+    DEAD_LETTER_SOURCE, Described, RETRY_COUNT_HEADER,
 };
 use serde_json::{Map, Value, json};
 
@@ -298,6 +298,7 @@ fn headers(role: Role) -> Value {
                 DEAD_LETTER_SEQUENCE,
                 "JetStream and the memory broker: the original's stream sequence.",
             ),
+            (DEAD_LETTER_ENTRY, "Redis Streams: the original entry's id."),
         ] {
             properties.insert(name.to_owned(), text(description));
         }

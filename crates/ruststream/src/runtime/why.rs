@@ -4,9 +4,9 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use ruststream_core::{
-    DEAD_LETTER_AT, DEAD_LETTER_ATTEMPTS, DEAD_LETTER_OFFSET, DEAD_LETTER_PARTITION,
-    DEAD_LETTER_REASON, DEAD_LETTER_REGISTRATION, DEAD_LETTER_SEQUENCE, DEAD_LETTER_SOURCE,
-    Delivery, Headers,
+    DEAD_LETTER_AT, DEAD_LETTER_ATTEMPTS, DEAD_LETTER_ENTRY, DEAD_LETTER_OFFSET,
+    DEAD_LETTER_PARTITION, DEAD_LETTER_REASON, DEAD_LETTER_REGISTRATION, DEAD_LETTER_SEQUENCE,
+    DEAD_LETTER_SOURCE, Delivery, Headers,
 };
 
 /// The most a reason says, in bytes.
@@ -27,7 +27,7 @@ pub(crate) struct Why<'a> {
 
 /// Every header [`stamp`] may write: an earlier dead letter's are taken off first, so
 /// what a dead letter says is about this one alone.
-const STAMPED: [&str; 8] = [
+const STAMPED: [&str; 9] = [
     DEAD_LETTER_REASON,
     DEAD_LETTER_REGISTRATION,
     DEAD_LETTER_SOURCE,
@@ -36,6 +36,7 @@ const STAMPED: [&str; 8] = [
     DEAD_LETTER_PARTITION,
     DEAD_LETTER_OFFSET,
     DEAD_LETTER_SEQUENCE,
+    DEAD_LETTER_ENTRY,
 ];
 
 /// Adds the dead-letter headers of `delivery` to `headers`, the reason cut to `limit`
