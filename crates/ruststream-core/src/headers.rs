@@ -8,6 +8,10 @@ use bytes::Bytes;
 /// attempt 2, and so on (attempt = header + 1).
 pub const RETRY_COUNT_HEADER: &str = "x-ruststream-retry-count";
 
+/// A message's own id, which stays the same across redeliveries and copies: the outbox
+/// (`ruststream-sql`) writes one on every message, and an inbox skips an id it has seen.
+pub const MESSAGE_ID_HEADER: &str = "x-ruststream-id";
+
 /// How many times a dead letter was replayed (`dead-letters replay`): a message
 /// replayed more than the replay bound is refused, so a poison message cannot loop
 /// through replays for ever.

@@ -78,8 +78,8 @@ pub use error::{AckError, Cause, ConnectError, PublishError, PublishErrorKind, S
 pub use headers::{
     DEAD_LETTER_AT, DEAD_LETTER_ATTEMPTS, DEAD_LETTER_ENTRY, DEAD_LETTER_OFFSET,
     DEAD_LETTER_PARTITION, DEAD_LETTER_PREFIX, DEAD_LETTER_REASON, DEAD_LETTER_REGISTRATION,
-    DEAD_LETTER_SEQUENCE, DEAD_LETTER_SOURCE, Headers, MalformedRetryCount, REPLAYS_HEADER,
-    RETRY_COUNT_HEADER,
+    DEAD_LETTER_SEQUENCE, DEAD_LETTER_SOURCE, Headers, MESSAGE_ID_HEADER, MalformedRetryCount,
+    REPLAYS_HEADER, RETRY_COUNT_HEADER,
 };
 pub use letters::{Letter, LetterBox};
 pub use names::AddressNames;

@@ -56,6 +56,7 @@ impl Incoming {
 #[derive(Debug)]
 pub struct Context {
     pub(crate) registration: Arc<str>,
+    pub(crate) transport: &'static str,
     pub(crate) state: Arc<StateMap>,
     pub(crate) publisher: Publisher,
 }
@@ -64,6 +65,11 @@ impl Context {
     /// The registration's name.
     pub fn registration(&self) -> &str {
         &self.registration
+    }
+
+    /// The transport's name, as in metrics labels (`kafka`, `jetstream`, `memory`...).
+    pub fn transport(&self) -> &'static str {
+        self.transport
     }
 
     /// The app's state.

@@ -314,6 +314,7 @@ mod tests {
         let record = Arc::new(());
         let context = Arc::new(CallContext {
             registration: Arc::from("lanes"),
+            transport: "memory",
             state: Arc::default(),
             publisher: MemoryBroker::new().publisher(),
         });

@@ -187,6 +187,7 @@ where
     let common = Common {
         context: Arc::new(Context {
             registration: Arc::clone(&registration),
+            transport: this.descriptor.transport(),
             state: Arc::clone(&env.state),
             publisher: Publisher::new(Arc::clone(&copies)),
         }),

@@ -1,0 +1,236 @@
+//! The inbox: a layer that runs a registration's handler inside a database transaction
+//! which first records the message's id, so a message seen before is skipped, and whose
+//! commit comes before the broker's settlement.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use ruststream::HandlerOutcome;
+use ruststream::core::{Cause, MESSAGE_ID_HEADER, OutcomeKind};
+use ruststream::extract::{FromDelivery, Incoming, Rejection};
+use ruststream::middleware::{Completion, Layer, Service};
+use sqlx::postgres::PgConnection;
+use sqlx::{PgPool, Postgres, Transaction};
+use tokio::sync::{Mutex, MutexGuard};
+
+tokio::task_local! {
+    /// The transaction of the delivery being handled, for its [`Tx`] extractor.
+    static CURRENT: Slot;
+}
+
+type Slot = Arc<Mutex<Option<Transaction<'static, Postgres>>>>;
+
+/// Runs a registration's handler in a PostgreSQL transaction that first records the
+/// message's id in `ruststream_inbox`:
+///
+/// - an id already there: the handler is skipped and the delivery acknowledged (logged
+///   at debug, counted in [`skipped`](Self::skipped));
+/// - the handler returns `ack()` or `drop()`: the transaction commits, then the broker
+///   settlement is made (a commit that fails is a failed attempt: `retry()`);
+/// - `retry()`, `retry_after(d)`, an error, a panic, a timeout or a refused payload: it
+///   rolls back, leaving no trace of what the handler wrote.
+///
+/// The handler writes through the same transaction by taking a [`Tx`]. The id is the
+/// `x-ruststream-id` header when the message has one (the outbox writes it), else the
+/// broker's own identity where it has a stable one (Kafka topic, partition and offset;
+/// JetStream and the memory broker the stream sequence); a message with neither is
+/// refused (the registration's failure policy, with an ERROR saying why).
+///
+/// ```no_run
+/// # async fn example(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+/// use ruststream::{App, HandlerOutcome, Message, memory::MemoryBroker, on};
+/// use ruststream_sql::{Inbox, Tx};
+///
+/// async fn credit(Message(cents): Message<i64>, tx: Tx) -> Result<HandlerOutcome, sqlx::Error> {
+///     sqlx::query("UPDATE account SET balance = balance + $1 WHERE id = 1")
+///         .bind(cents)
+///         .execute(&mut *tx.lock().await)
+///         .await?;
+///     Ok(HandlerOutcome::ack())
+/// }
+///
+/// ruststream_sql::migrate(&pool).await?;
+/// let broker = MemoryBroker::new();
+/// let app = App::new().register(on(broker.topic("credits"), credit).layer(Inbox::new(pool)));
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Inbox {
+    pool: PgPool,
+    skipped: Arc<AtomicU64>,
+}
+
+impl Inbox {
+    /// An inbox in `pool`'s database (its tables made by [`migrate`](crate::migrate)).
+    pub fn new(pool: PgPool) -> Self {
+        Self {
+            pool,
+            skipped: Arc::default(),
+        }
+    }
+
+    /// How many deliveries were skipped as seen before, since this inbox was made.
+    pub fn skipped(&self) -> u64 {
+        self.skipped.load(Ordering::Relaxed)
+    }
+
+    /// Deletes the ids recorded more than `horizon` ago; returns how many. A message
+    /// redelivered after its id was pruned is handled again, so keep the horizon well
+    /// past the longest redelivery (a week is the documented default).
+    pub async fn prune(&self, horizon: Duration) -> Result<u64, sqlx::Error> {
+        let seconds = horizon.as_secs_f64();
+        let deleted = sqlx::query(
+            "DELETE FROM ruststream_inbox WHERE received_at < now() - make_interval(secs => $1)",
+        )
+        .bind(seconds)
+        .execute(&self.pool)
+        .await?;
+        Ok(deleted.rows_affected())
+    }
+}
+
+/// What pruning keeps unless told otherwise: a week of ids.
+pub const DEFAULT_HORIZON: Duration = Duration::from_secs(7 * 24 * 3600);
+
+impl<S: Service> Layer<S> for Inbox {
+    type Service = InboxService<S>;
+
+    fn layer(&self, inner: S) -> InboxService<S> {
+        InboxService {
+            inner,
+            inbox: self.clone(),
+        }
+    }
+}
+
+/// A handler behind an [`Inbox`].
+#[derive(Debug)]
+pub struct InboxService<S> {
+    inner: S,
+    inbox: Inbox,
+}
+
+impl<S: Service> Service for InboxService<S> {
+    async fn call(&self, incoming: &Incoming) -> Completion {
+        let registration = incoming.context().registration();
+        let id = match message_id(incoming) {
+            Ok(id) => id,
+            Err(why) => {
+                tracing::error!(registration, address = incoming.delivery().address(), %why, "inbox: the message has no id");
+                return Completion::Rejected(Rejection::new("Inbox", why));
+            }
+        };
+        let mut tx = match self.inbox.pool.begin().await {
+            Ok(tx) => tx,
+            Err(e) => return failed("beginning the inbox transaction", e),
+        };
+        let recorded = sqlx::query(
+            "INSERT INTO ruststream_inbox (registration, message_id) VALUES ($1, $2) \
+             ON CONFLICT DO NOTHING",
+        )
+        .bind(registration)
+        .bind(&id)
+        .execute(&mut *tx)
+        .await;
+        match recorded {
+            Err(e) => return failed("recording the message in the inbox", e),
+            Ok(done) if done.rows_affected() == 0 => {
+                tracing::debug!(registration, message_id = %id, "inbox: seen before; skipped and acknowledged");
+                self.inbox.skipped.fetch_add(1, Ordering::Relaxed);
+                return Completion::Outcome(HandlerOutcome::ack());
+            }
+            Ok(_) => {}
+        }
+        let slot: Slot = Arc::new(Mutex::new(Some(tx)));
+        // A handler's extractors run when its future is made (a `Tx` among them), its body
+        // when polled: both see the transaction.
+        let handled = CURRENT.sync_scope(Arc::clone(&slot), || self.inner.call(incoming));
+        let completion = CURRENT.scope(Arc::clone(&slot), handled).await;
+        let Some(tx) = slot.lock().await.take() else {
+            return completion;
+        };
+        let kept = completion
+            .outcome()
+            .is_some_and(|o| matches!(o.kind(), OutcomeKind::Ack | OutcomeKind::Drop));
+        if !kept {
+            let _ = tx.rollback().await;
+            return completion;
+        }
+        match tx.commit().await {
+            Ok(()) => completion,
+            Err(e) => failed("committing the inbox transaction", e),
+        }
+    }
+}
+
+fn failed(what: &str, error: sqlx::Error) -> Completion {
+    Completion::Failed(Cause::new(format!("inbox: {what}: {error}")))
+}
+
+/// The message's id: its `x-ruststream-id`, else the broker's own stable identity.
+fn message_id(incoming: &Incoming) -> Result<String, String> {
+    let delivery = incoming.delivery();
+    if let Some(id) = delivery.headers().get_str(MESSAGE_ID_HEADER) {
+        return Ok(id.to_owned());
+    }
+    let meta = delivery.metadata();
+    let transport = incoming.context().transport();
+    match (transport, meta.partition, meta.offset, meta.sequence) {
+        ("kafka", Some(partition), Some(offset), _) => {
+            Ok(format!("kafka:{}/{partition}/{offset}", delivery.address()))
+        }
+        ("jetstream" | "memory", _, _, Some(sequence)) => {
+            Ok(format!("{transport}:{}#{sequence}", delivery.address()))
+        }
+        _ => Err(format!(
+            "no `{MESSAGE_ID_HEADER}` header, and {transport} gives this message no stable \
+             identity of its own: publish it through the outbox, or set the header"
+        )),
+    }
+}
+
+/// The inbox transaction of the delivery being handled, for the handler's own writes:
+/// `sqlx::query(..).execute(&mut *tx.lock().await)`. Only in a registration behind an
+/// [`Inbox`]; anywhere else the delivery is refused, saying so.
+#[derive(Debug, Clone)]
+pub struct Tx(Slot);
+
+impl Tx {
+    /// The transaction's connection, for one query or several.
+    pub async fn lock(&self) -> TxGuard<'_> {
+        TxGuard(self.0.lock().await)
+    }
+}
+
+/// A locked [`Tx`]: derefs to the transaction's connection.
+pub struct TxGuard<'a>(MutexGuard<'a, Option<Transaction<'static, Postgres>>>);
+
+impl std::ops::Deref for TxGuard<'_> {
+    type Target = PgConnection;
+
+    fn deref(&self) -> &PgConnection {
+        self.0
+            .as_deref()
+            .expect("the inbox transaction is open while the handler runs")
+    }
+}
+
+impl std::ops::DerefMut for TxGuard<'_> {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        self.0
+            .as_deref_mut()
+            .expect("the inbox transaction is open while the handler runs")
+    }
+}
+
+impl FromDelivery for Tx {
+    fn from_delivery(_incoming: &Incoming) -> Result<Self, Rejection> {
+        CURRENT.try_with(|slot| Tx(Arc::clone(slot))).map_err(|_| {
+            Rejection::new(
+                "Tx",
+                "no inbox transaction: add `.layer(Inbox::new(pool))` to this registration",
+            )
+        })
+    }
+}
