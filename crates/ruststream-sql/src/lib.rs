@@ -19,8 +19,10 @@
 #![deny(clippy::too_many_lines)]
 
 mod inbox;
+mod outbox;
 mod schema;
 
 pub use inbox::{DEFAULT_HORIZON, Inbox, InboxService, Tx, TxGuard};
+pub use outbox::{BUCKETS, Outbox, OutboxMessage, Relay};
 pub use schema::{SCHEMA, migrate};
 pub use sqlx;

@@ -1,0 +1,276 @@
+//! The outbox: messages written as rows in the caller's transaction, and the relay that
+//! publishes the committed ones, in order per key, marking each sent only once the broker
+//! confirmed it.
+
+use std::future::Future;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use ruststream::core::{Headers, MESSAGE_ID_HEADER, Outgoing};
+use ruststream::{Json, Publisher};
+use serde::Serialize;
+use sqlx::postgres::{PgConnection, PgListener};
+use sqlx::{PgPool, Row};
+
+/// How many buckets keys are hashed into. A relay serves a bucket alone (an advisory
+/// lock held while it publishes the bucket's rows), so a key's rows go out in order while
+/// several relays share the table.
+pub const BUCKETS: i32 = 16;
+
+/// The advisory-lock namespace of the buckets.
+const LOCK_SPACE: i32 = 7_274_618;
+
+/// The channel a write notifies relays on.
+const CHANNEL: &str = "ruststream_outbox";
+
+/// A message on its way into the outbox: [`Outbox::to`], then a key and headers as the
+/// publisher takes them, then [`send`](Self::send) in the caller's transaction.
+#[derive(Debug)]
+#[must_use = "nothing is written until `send` or `send_bytes` is awaited"]
+pub struct OutboxMessage {
+    message: Outgoing,
+}
+
+/// Writes messages in the caller's database transaction: they are published by a
+/// [`Relay`] once (and only if) that transaction commits.
+///
+/// ```no_run
+/// # async fn example(pool: sqlx::PgPool) -> Result<(), sqlx::Error> {
+/// use ruststream_sql::Outbox;
+///
+/// let mut tx = pool.begin().await?;
+/// sqlx::query("UPDATE orders SET state = 'paid' WHERE id = 7").execute(&mut *tx).await?;
+/// Outbox::to("payments").key("7").send(&mut *tx, &serde_json::json!({"order": 7})).await?;
+/// tx.commit().await?; // the row and the message, together or neither
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct Outbox;
+
+impl Outbox {
+    /// Starts a message to `address`.
+    pub fn to(address: impl Into<String>) -> OutboxMessage {
+        OutboxMessage {
+            message: Outgoing::new(address, Bytes::new()),
+        }
+    }
+
+    /// The unsent rows: how many, and how long the oldest has waited (outbox lag).
+    pub async fn lag(pool: &PgPool) -> Result<(i64, Duration), sqlx::Error> {
+        let row = sqlx::query(
+            "SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 \
+             FROM ruststream_outbox WHERE sent_at IS NULL",
+        )
+        .fetch_one(pool)
+        .await?;
+        let seconds: f64 = row.try_get(1)?;
+        Ok((row.try_get(0)?, Duration::from_secs_f64(seconds.max(0.0))))
+    }
+}
+
+impl OutboxMessage {
+    /// Sets the key: a key's messages are published in the order they were written.
+    pub fn key(mut self, key: impl Into<Bytes>) -> Self {
+        self.message.key = Some(key.into());
+        self
+    }
+
+    /// Adds a header.
+    pub fn header(mut self, name: impl Into<String>, value: impl Into<Bytes>) -> Self {
+        self.message.headers.append(name, value);
+        self
+    }
+
+    /// Encodes `value` as JSON and writes it; returns its id (`x-ruststream-id`).
+    pub async fn send<T: Serialize + ?Sized>(
+        self,
+        conn: &mut PgConnection,
+        value: &T,
+    ) -> Result<String, sqlx::Error> {
+        use ruststream::Codec;
+        let payload = Json::encode(value).map_err(sqlx::Error::Encode)?;
+        self.send_bytes(conn, payload).await
+    }
+
+    /// Writes `payload` as it is; returns its id (`x-ruststream-id`).
+    pub async fn send_bytes(
+        mut self,
+        conn: &mut PgConnection,
+        payload: impl Into<Bytes>,
+    ) -> Result<String, sqlx::Error> {
+        self.message.payload = payload.into();
+        write(conn, &self.message).await
+    }
+}
+
+/// The row of `message`, and a notification relays receive at commit.
+async fn write(conn: &mut PgConnection, message: &Outgoing) -> Result<String, sqlx::Error> {
+    let (names, values): (Vec<String>, Vec<Vec<u8>>) = message
+        .headers
+        .iter()
+        .map(|(n, v)| (n.to_owned(), v.to_vec()))
+        .unzip();
+    let row = sqlx::query(
+        "INSERT INTO ruststream_outbox (address, key, header_names, header_values, payload, bucket) \
+         VALUES ($1, $2, $3, $4, $5, $6) RETURNING id::text",
+    )
+    .bind(&message.address)
+    .bind(message.key.as_deref())
+    .bind(names)
+    .bind(values)
+    .bind(message.payload.as_ref())
+    .bind(bucket(message.key.as_deref()))
+    .fetch_one(&mut *conn)
+    .await?;
+    sqlx::query("SELECT pg_notify($1, '')")
+        .bind(CHANNEL)
+        .execute(&mut *conn)
+        .await?;
+    row.try_get(0)
+}
+
+/// A key's bucket (FNV-1a, stable across processes and versions); a keyless message's
+/// is any.
+fn bucket(key: Option<&[u8]>) -> i32 {
+    let hash = match key {
+        Some(key) => key.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+        }),
+        None => SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::from(d.subsec_nanos())),
+    };
+    i32::try_from(hash % BUCKETS as u64).unwrap_or(0)
+}
+
+/// Publishes committed outbox rows through `publisher`, bucket by bucket, each row only
+/// after the previous of its bucket was confirmed, and marks a row sent only once the
+/// broker confirmed it. A row whose publish fails stays, and its bucket waits for the
+/// next round (so its key keeps its order). It wakes on the writers' notifications and
+/// polls as a fallback. A row is published only once every transaction that could still
+/// write an earlier row has ended, so rows of a key go out in the order they were
+/// written even when their transactions commit out of order.
+///
+/// At least once: a relay that dies after a publish and before marking the row sends it
+/// again; the message carries its `x-ruststream-id`, which an [`Inbox`](crate::Inbox)
+/// skips the second time.
+#[derive(Debug, Clone)]
+pub struct Relay {
+    pool: PgPool,
+    publisher: Publisher,
+    poll: Duration,
+    batch: i64,
+}
+
+impl Relay {
+    /// A relay publishing `pool`'s outbox rows through `publisher`.
+    pub fn new(pool: PgPool, publisher: Publisher) -> Self {
+        Self {
+            pool,
+            publisher,
+            poll: Duration::from_secs(1),
+            batch: 500,
+        }
+    }
+
+    /// How often it looks without a notification (default 1 s).
+    pub fn poll_every(mut self, poll: Duration) -> Self {
+        self.poll = poll;
+        self
+    }
+
+    /// Runs until `stop` completes (a row being published is finished first).
+    pub async fn run(self, stop: impl Future<Output = ()> + Send) -> Result<(), sqlx::Error> {
+        let mut listener = PgListener::connect_with(&self.pool).await?;
+        listener.listen(CHANNEL).await?;
+        let mut stop = std::pin::pin!(stop);
+        loop {
+            let start = bucket(None);
+            for i in 0..BUCKETS {
+                if let Err(e) = self.serve((start + i) % BUCKETS).await {
+                    tracing::warn!(error = %e, "outbox relay: a round failed; trying again");
+                    break;
+                }
+            }
+            tokio::select! {
+                () = &mut stop => return Ok(()),
+                _ = listener.recv() => {}
+                () = tokio::time::sleep(self.poll) => {}
+            }
+        }
+    }
+
+    /// Publishes what `bucket` holds, if no other relay serves it now.
+    async fn serve(&self, bucket: i32) -> Result<(), sqlx::Error> {
+        let mut tx = self.pool.begin().await?;
+        let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1, $2)")
+            .bind(LOCK_SPACE)
+            .bind(bucket)
+            .fetch_one(&mut *tx)
+            .await?;
+        if !locked {
+            return Ok(());
+        }
+        let rows = sqlx::query(
+            "SELECT seq, id::text, address, key, header_names, header_values, payload \
+             FROM ruststream_outbox \
+             WHERE bucket = $1 AND sent_at IS NULL \
+               AND writer < pg_snapshot_xmin(pg_current_snapshot()) \
+             ORDER BY seq LIMIT $2",
+        )
+        .bind(bucket)
+        .bind(self.batch)
+        .fetch_all(&mut *tx)
+        .await?;
+        for row in rows {
+            let seq: i64 = row.try_get(0)?;
+            let message = outgoing(&row)?;
+            if let Err(error) = self.publisher.publish(message).await {
+                tracing::warn!(seq, %error, "outbox relay: the broker refused a row; its bucket waits for the next round");
+                break;
+            }
+            sqlx::query("UPDATE ruststream_outbox SET sent_at = now() WHERE seq = $1")
+                .bind(seq)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await
+    }
+}
+
+/// The message a row holds, with its id as `x-ruststream-id`.
+fn outgoing(row: &sqlx::postgres::PgRow) -> Result<Outgoing, sqlx::Error> {
+    let id: String = row.try_get(1)?;
+    let address: String = row.try_get(2)?;
+    let key: Option<Vec<u8>> = row.try_get(3)?;
+    let names: Vec<String> = row.try_get(4)?;
+    let values: Vec<Vec<u8>> = row.try_get(5)?;
+    let payload: Vec<u8> = row.try_get(6)?;
+    let mut headers = Headers::new();
+    for (name, value) in names.into_iter().zip(values) {
+        headers.append(name, value);
+    }
+    headers.insert(MESSAGE_ID_HEADER, id);
+    let mut message = Outgoing::new(address, payload);
+    message.key = key.map(Bytes::from);
+    message.headers = headers;
+    Ok(message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{BUCKETS, bucket};
+
+    #[test]
+    fn a_key_always_lands_in_the_same_bucket() {
+        let first = bucket(Some(b"order-7"));
+        assert!((0..BUCKETS).contains(&first));
+        for _ in 0..10 {
+            assert_eq!(bucket(Some(b"order-7")), first);
+        }
+        let spread: std::collections::BTreeSet<i32> = (0..200)
+            .map(|i| bucket(Some(format!("k{i}").as_bytes())))
+            .collect();
+        assert!(spread.len() > BUCKETS as usize / 2, "{spread:?}");
+    }
+}
