@@ -34,6 +34,7 @@ pages! {
     Failures => "failures.md",
     Batches => "batches.md",
     Scaling => "scaling.md",
+    Database => "database.md",
     Installing => "installing.md",
     Kubernetes => "kubernetes.md",
     Brokers => "brokers.md",
