@@ -16,7 +16,9 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
+mod postgres;
 mod target;
+pub use postgres::OwnPostgres;
 pub use target::Target;
 
 /// How many times the default counts the fault tests use: `RUSTSTREAM_SOAK` (a whole
@@ -111,6 +113,8 @@ pub struct Tally {
     pub done: Vec<Line>,
     /// Handler calls that asked for `retry_after`.
     pub held: Vec<Line>,
+    /// The most duplicates an inbox said it skipped (`skipped <count>` lines).
+    pub skipped: u64,
 }
 
 impl Tally {
@@ -124,6 +128,10 @@ impl Tally {
         let (Some(payload), Some(attempt)) = (words.next(), words.next()) else {
             return;
         };
+        if event == "skipped" {
+            self.skipped = self.skipped.max(payload.parse().unwrap_or(0));
+            return;
+        }
         let entry = Line {
             payload: payload.to_owned(),
             attempt: attempt.parse().unwrap_or(0),

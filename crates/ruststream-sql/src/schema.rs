@@ -36,6 +36,10 @@ pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::Error> {
     sqlx::query("SELECT pg_advisory_xact_lock(7274617)")
         .execute(&mut *tx)
         .await?;
+    // "already exists, skipping" is no news at every start.
+    sqlx::query("SET LOCAL client_min_messages = warning")
+        .execute(&mut *tx)
+        .await?;
     sqlx::raw_sql(SCHEMA).execute(&mut *tx).await?;
     tx.commit().await
 }
