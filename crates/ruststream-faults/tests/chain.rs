@@ -197,7 +197,7 @@ async fn effectively_once(transport: &'static str) {
         "one outbox row per message, all sent"
     );
     println!(
-        "{} chain: {messages} messages, 6 SIGKILLs and a PostgreSQL restart: each applied once in both tables, {rows} outbox rows all sent, {skipped} duplicates skipped by the inboxes",
+        "RELIABILITY|{}|inbox → outbox → relay → inbox chain (`ruststream-sql`), {messages} messages: A, B and the relay SIGKILLed 6 times, PostgreSQL restarted once|lost 0 of {messages}; every outbox row sent|applied twice: 0 in either table ({skipped} deliveries skipped by the inboxes as seen before)|none declared",
         chain.target.label
     );
 }
