@@ -30,6 +30,12 @@
 //!     }
 //! }
 //! ```
+//!
+//! A handler's extractors run when its service's `call` is made, before the returned
+//! future is first polled; its body runs when polled. A layer that hands the handler
+//! context through a task-local (as `ruststream-sql`'s inbox hands its transaction) sets
+//! it around both: `LOCAL.sync_scope(value, || inner.call(incoming))`, then
+//! `LOCAL.scope(value, future).await`.
 
 mod completion;
 mod from_fn;
