@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use ruststream::HandlerOutcome;
-use ruststream::core::{Cause, MESSAGE_ID_HEADER, OutcomeKind};
+use ruststream::core::{Capabilities, Cause, MESSAGE_ID_HEADER, OutcomeKind, Verb};
 use ruststream::extract::{FromDelivery, Incoming, Rejection};
 use ruststream::middleware::{Completion, Layer, Service};
 use sqlx::postgres::PgConnection;
@@ -100,6 +100,22 @@ impl<S: Service> Layer<S> for Inbox {
         InboxService {
             inner,
             inbox: self.clone(),
+        }
+    }
+
+    /// Kafka `Commit::Auto` stores a record's offset when it is handed over (K2): a crash
+    /// skips the record before the inbox's transaction could protect it.
+    fn check(&self, transport: &'static str, capabilities: &Capabilities) -> Vec<String> {
+        let auto = transport == "kafka" && capabilities.redeliver == Verb::Unsupported;
+        if auto {
+            vec![
+                "an inbox on Kafka Commit::Auto cannot protect a record: its offset is stored \
+                 when it is handed over (K2), so a crash skips it before the transaction \
+                 could commit; use Commit::Tracked"
+                    .to_owned(),
+            ]
+        } else {
+            Vec::new()
         }
     }
 }

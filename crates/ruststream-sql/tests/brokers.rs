@@ -240,3 +240,35 @@ async fn redis_entries_without_an_id_are_refused_and_dead_lettered_saying_why() 
         assert!(reason.contains("no `x-ruststream-id` header"), "{reason}");
     }
 }
+
+#[tokio::test]
+async fn an_inbox_on_kafka_commit_auto_is_refused_at_start() {
+    let pool = pool().await;
+    let kafka = Kafka::from_env(&Env::new("RUSTSTREAM_KAFKA")).expect("Kafka");
+    let (_, handler) = ledger(&pool, &unique("auto")).await;
+    let refused = App::new()
+        .register(
+            on(kafka.topic("auto").group("auto"), handler.clone())
+                .name("auto")
+                .layer(Inbox::new(pool.clone())),
+        )
+        .validate()
+        .expect_err("refused at start");
+    let said = refused.to_string();
+    assert!(
+        said.contains("registration `auto`") && said.contains("Commit::Auto"),
+        "{said}"
+    );
+    // Tracked is fine.
+    App::new()
+        .register(
+            on(
+                kafka.topic("auto").group("auto").commit(Commit::Tracked),
+                handler,
+            )
+            .name("tracked")
+            .layer(Inbox::new(pool)),
+        )
+        .validate()
+        .expect("Tracked takes an inbox");
+}

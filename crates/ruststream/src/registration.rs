@@ -101,6 +101,8 @@ pub(crate) struct Options {
     pub(crate) batch: Option<BatchLimits>,
     /// The payload's type, for the service's description (AsyncAPI).
     pub(crate) schema: Option<MessageSchema>,
+    /// What the registration's layers refuse of its descriptor ([`Layer::check`]).
+    pub(crate) layer_rules: Vec<String>,
 }
 
 impl Options {
@@ -170,6 +172,7 @@ impl Default for Options {
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
             batch: None,
             schema: None,
+            layer_rules: Vec::new(),
         }
     }
 }
@@ -298,12 +301,17 @@ impl<D: Descriptor, S> Registration<D, S> {
     where
         S: Service,
     {
+        let mut options = self.options;
+        let capabilities = self.descriptor.capabilities();
+        options
+            .layer_rules
+            .extend(layer.check(self.descriptor.transport(), &capabilities));
         Registration {
             name: self.name,
             descriptor: self.descriptor,
             service: layer.layer(self.service),
             requirements: self.requirements,
-            options: self.options,
+            options,
             mount: |registration| Box::new(registration),
         }
     }
@@ -371,6 +379,7 @@ impl<D: Descriptor, S> Registration<D, S> {
         let capabilities = self.descriptor.capabilities();
         let mut broken = Vec::new();
         broken.extend(self.options.out_of_bounds());
+        broken.extend(self.options.layer_rules.iter().cloned());
         if let (Some(backoff), DelayedRedelivery::Held { limit: Some(limit) }) =
             (self.options.backoff, capabilities.delayed_redelivery)
             && backoff.max() >= limit

@@ -22,4 +22,16 @@ pub trait Layer<S> {
 
     /// Wraps `inner`.
     fn layer(&self, inner: S) -> Self::Service;
+
+    /// What this layer cannot work with on the registration's broker (`transport`, its
+    /// metrics name, and what the broker can do for it): each string one refusal, listed
+    /// with the registration's others when the app starts (SPEC E4). None by default.
+    fn check(
+        &self,
+        transport: &'static str,
+        capabilities: &ruststream_core::Capabilities,
+    ) -> Vec<String> {
+        let _ = (transport, capabilities);
+        Vec::new()
+    }
 }
