@@ -4,6 +4,9 @@
 //! gives a message no identity (Redis), a message without `x-ruststream-id` is refused
 //! and dead-lettered, saying why.
 
+mod common;
+
+use common::{pool, unique};
 use std::time::{Duration, Instant};
 
 use ruststream::core::Env;
@@ -12,30 +15,8 @@ use ruststream_kafka::{Commit, Kafka};
 use ruststream_nats::Nats;
 use ruststream_nats::async_nats::jetstream::{self, stream};
 use ruststream_redis::Redis;
-use ruststream_sql::{Inbox, Tx, migrate};
+use ruststream_sql::{Inbox, Tx};
 use sqlx::PgPool;
-use sqlx::postgres::PgPoolOptions;
-
-async fn pool() -> PgPool {
-    let url = std::env::var("RUSTSTREAM_POSTGRES_URL").expect(
-        "RUSTSTREAM_POSTGRES_URL is not set: run the tests with scripts/test, which starts PostgreSQL",
-    );
-    let pool = PgPoolOptions::new()
-        .max_connections(8)
-        .connect(&url)
-        .await
-        .unwrap_or_else(|e| panic!("PostgreSQL at {url}: {e}"));
-    migrate(&pool).await.expect("migrate");
-    pool
-}
-
-fn unique(name: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("{name}-{}-{}", std::process::id(), nanos % 1_000_000_000)
-}
 
 /// A ledger table of its own, and a handler adding each amount to it in the inbox's
 /// transaction.

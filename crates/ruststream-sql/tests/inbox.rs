@@ -2,6 +2,9 @@
 //! before is skipped, a handler's writes commit only with `ack`/`drop`, a poison message
 //! still reaches its dead letter with the inbox consistent.
 
+mod common;
+
+use common::{pool, unique};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -9,23 +12,8 @@ use std::time::{Duration, Instant};
 use ruststream::core::MESSAGE_ID_HEADER;
 use ruststream::memory::MemoryBroker;
 use ruststream::{App, HandlerOutcome, Headers, Message, Meta, on};
-use ruststream_sql::{Inbox, Tx, migrate};
+use ruststream_sql::{Inbox, Tx};
 use sqlx::PgPool;
-use sqlx::postgres::PgPoolOptions;
-
-async fn pool() -> PgPool {
-    let url = std::env::var("RUSTSTREAM_POSTGRES_URL").expect(
-        "RUSTSTREAM_POSTGRES_URL is not set: run the tests with scripts/test, which starts PostgreSQL",
-    );
-    let pool = PgPoolOptions::new()
-        .max_connections(8)
-        .acquire_timeout(Duration::from_secs(10))
-        .connect(&url)
-        .await
-        .unwrap_or_else(|e| panic!("PostgreSQL at {url}: {e}"));
-    migrate(&pool).await.expect("migrate");
-    pool
-}
 
 /// A table of effects of its own: one row per applied message, amounts summed.
 async fn effects(pool: &PgPool, name: &str) -> String {
@@ -65,10 +53,6 @@ async fn until_idle(broker: &MemoryBroker) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
-}
-
-fn unique(name: &str) -> String {
-    format!("{name}-{}-{:?}", std::process::id(), Instant::now())
 }
 
 #[tokio::test]

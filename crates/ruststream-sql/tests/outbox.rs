@@ -3,6 +3,9 @@
 //! two relays share the table without publishing a row twice or reordering a key; with
 //! an inbox behind it, a row sent twice is applied once.
 
+mod common;
+
+use common::{own_database, unique};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -11,61 +14,9 @@ use std::time::{Duration, Instant};
 use ruststream::core::{BoxFuture, MESSAGE_ID_HEADER, Outgoing, Publish, PublishError};
 use ruststream::memory::MemoryBroker;
 use ruststream::{App, HandlerOutcome, Message, Publisher, on};
-use ruststream_sql::{Inbox, Outbox, Relay, Tx, migrate};
+use ruststream_sql::{Inbox, Outbox, Relay, Tx};
 use sqlx::PgPool;
-use sqlx::postgres::PgPoolOptions;
 use tokio::sync::oneshot;
-
-/// A database of the test's own: a relay serves every row of its database, so tests
-/// running at once must not share one.
-async fn pool() -> PgPool {
-    let server = std::env::var("RUSTSTREAM_POSTGRES_URL").expect(
-        "RUSTSTREAM_POSTGRES_URL is not set: run the tests with scripts/test, which starts PostgreSQL",
-    );
-    let admin = PgPoolOptions::new()
-        .max_connections(1)
-        .connect(&server)
-        .await
-        .unwrap_or_else(|e| panic!("PostgreSQL at {server}: {e}"));
-    let name = format!(
-        "outbox_{}_{}",
-        std::process::id(),
-        rand_ish() % 1_000_000_000
-    );
-    sqlx::query(&format!("CREATE DATABASE {name}"))
-        .execute(&admin)
-        .await
-        .expect("a database of its own");
-    let url = format!(
-        "{}/{name}",
-        server
-            .rsplit_once('/')
-            .map_or(server.as_str(), |(base, _)| base)
-    );
-    let pool = PgPoolOptions::new()
-        .max_connections(10)
-        .acquire_timeout(Duration::from_secs(10))
-        .connect(&url)
-        .await
-        .unwrap_or_else(|e| panic!("PostgreSQL at {url}: {e}"));
-    migrate(&pool).await.expect("migrate");
-    pool
-}
-
-fn unique(name: &str) -> String {
-    format!(
-        "{name}-{}-{}",
-        std::process::id(),
-        Instant::now().elapsed().as_nanos() ^ rand_ish()
-    )
-}
-
-fn rand_ish() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos()
-}
 
 /// A relay running until the returned sender is dropped or fired.
 fn relay(
@@ -105,7 +56,7 @@ async fn unsent(pool: &PgPool, address: &str) -> i64 {
 
 #[tokio::test]
 async fn committed_writes_are_published_once_and_rolled_back_ones_never() {
-    let pool = pool().await;
+    let pool = own_database().await;
     let (kept, dropped) = (unique("kept"), unique("dropped"));
     let broker = MemoryBroker::recording();
     let mut tx = pool.begin().await.expect("tx");
@@ -177,7 +128,7 @@ impl Publish for Refusing {
 
 #[tokio::test]
 async fn a_refused_publish_keeps_its_row_and_its_keys_order() {
-    let pool = pool().await;
+    let pool = own_database().await;
     let address = unique("refused");
     let broker = MemoryBroker::recording();
     let mut tx = pool.begin().await.expect("tx");
@@ -216,7 +167,7 @@ async fn a_refused_publish_keeps_its_row_and_its_keys_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_relays_share_the_table_without_a_row_twice_or_a_key_reordered() {
-    let pool = pool().await;
+    let pool = own_database().await;
     let address = unique("shared");
     let broker = MemoryBroker::recording();
     let (first, first_task) = relay(&pool, broker.publisher());
@@ -256,7 +207,7 @@ async fn two_relays_share_the_table_without_a_row_twice_or_a_key_reordered() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_row_the_relay_sends_twice_is_applied_once_behind_an_inbox() {
-    let pool = pool().await;
+    let pool = own_database().await;
     let address = unique("chain");
     let table = format!("chain_{}", std::process::id());
     sqlx::raw_sql(&format!(

@@ -29,11 +29,11 @@ use crate::state::StateMap;
 
 use crate::in_flight::InFlight;
 use mount::Started;
-pub(crate) use mount::{Env, Mount, Observe};
+pub(crate) use mount::{Env, Mount, Observe, Registered};
 pub(crate) use shared::Shared;
 pub(crate) use unwind::quiet_handler_panics;
 
-impl<D: Descriptor, S: Service> Mount for Registration<D, S> {
+impl<D: Descriptor, S: Send + 'static> Registered for Registration<D, S> {
     fn name(&self) -> &str {
         &self.name
     }
@@ -66,7 +66,9 @@ impl<D: Descriptor, S: Service> Mount for Registration<D, S> {
             self.options.dead_letter.clone(),
         ))
     }
+}
 
+impl<D: Descriptor, S: Service> Mount for Registration<D, S> {
     fn start<'a>(
         self: Box<Self>,
         env: Env,
@@ -102,39 +104,6 @@ where
     D: Descriptor,
     BatchService<H, T, C, Args>: CallBatch,
 {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn address(&self) -> &str {
-        self.descriptor.address()
-    }
-
-    fn violations(&self, state: &StateMap) -> Vec<String> {
-        Registration::violations(self, state)
-    }
-
-    fn describe(&self, app_timeout: std::time::Duration) -> crate::asyncapi::Entry {
-        self.entry(app_timeout)
-    }
-
-    fn verify(&self) -> BoxFuture<'_, Result<(), String>> {
-        Box::pin(self.descriptor.verify())
-    }
-
-    fn publisher(&self) -> Arc<dyn ruststream_core::Publish> {
-        self.descriptor.publisher()
-    }
-
-    fn dead_letters(&self) -> BoxFuture<'_, Result<Box<dyn ruststream_core::LetterBox>, String>> {
-        let (name, descriptor) = (self.name.clone(), self.descriptor.clone());
-        Box::pin(dead_letters(
-            name,
-            descriptor,
-            self.options.dead_letter.clone(),
-        ))
-    }
-
     fn start<'a>(
         self: Box<Self>,
         env: Env,

@@ -33,8 +33,9 @@ pub(crate) struct Env {
     pub(crate) health: Arc<Health>,
 }
 
-/// A registration with its types erased, as the app holds it.
-pub(crate) trait Mount: Send {
+/// What the app asks of every registration, whatever runs it (the single path or
+/// batches): one blanket implementation (`runtime/mod.rs`).
+pub(crate) trait Registered: Send {
     fn name(&self) -> &str;
     fn address(&self) -> &str;
     fn violations(&self, state: &StateMap) -> Vec<String>;
@@ -46,6 +47,10 @@ pub(crate) trait Mount: Send {
     fn publisher(&self) -> Arc<dyn Publish>;
     /// The dead letters at the registration's dead-letter address, read back.
     fn dead_letters(&self) -> BoxFuture<'_, Result<Box<dyn LetterBox>, String>>;
+}
+
+/// A registration with its types erased, as the app holds it.
+pub(crate) trait Mount: Registered {
     /// Opens the registration's subscriptions (one per consumer) and spawns their
     /// drivers, each added to `started` as soon as it runs.
     fn start<'a>(
