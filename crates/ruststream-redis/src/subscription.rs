@@ -102,7 +102,11 @@ impl RedisSubscription {
         }
         slot.refill(&self.shared.stream, payload)
             .set_headers(headers)
-            .set_metadata(Metadata::default().with_timestamp_ms(i64::try_from(receipt.id.ms).ok()))
+            // The entry id, `<ms>-<seq>`: its milliseconds and its sequence.
+            .set_metadata(
+                Metadata::sequence(receipt.id.seq)
+                    .with_timestamp_ms(i64::try_from(receipt.id.ms).ok()),
+            )
             .set_attempt(Attempt::from_broker(receipt.attempt));
         receipt
     }

@@ -34,7 +34,8 @@ type Slot = Arc<Mutex<Option<Transaction<'static, Postgres>>>>;
 /// The handler writes through the same transaction by taking a [`Tx`]. The id is the
 /// `x-ruststream-id` header when the message has one (the outbox writes it), else the
 /// broker's own identity where it has a stable one (Kafka topic, partition and offset;
-/// JetStream and the memory broker the stream sequence); a message with neither is
+/// JetStream and the memory broker the stream sequence; Redis the entry id); a message
+/// with neither is
 /// refused (the registration's failure policy, with an ERROR saying why).
 ///
 /// ```no_run
@@ -199,6 +200,10 @@ fn message_id(incoming: &Incoming) -> Result<String, String> {
         ("jetstream" | "memory", _, _, Some(sequence)) => {
             Ok(format!("{transport}:{}#{sequence}", delivery.address()))
         }
+        ("redis", _, _, Some(sequence)) => match meta.timestamp_ms {
+            Some(ms) => Ok(format!("redis:{}/{ms}-{sequence}", delivery.address())),
+            None => Err("a Redis entry without its id".to_owned()),
+        },
         _ => Err(format!(
             "no `{MESSAGE_ID_HEADER}` header, and {transport} gives this message no stable \
              identity of its own: publish it through the outbox, or set the header"

@@ -1,7 +1,7 @@
 //! The inbox on real brokers, by the broker's own identity of a message: every record a
 //! second reader gets again (a new Kafka group, a new JetStream durable: what a crash or
 //! a rebalance would redeliver) is skipped, its effect applied once; on a broker that
-//! gives a message no identity (Redis), a message without `x-ruststream-id` is refused
+//! gives a message no identity (RabbitMQ), a message without `x-ruststream-id` is refused
 //! and dead-lettered, saying why.
 
 mod common;
@@ -14,6 +14,9 @@ use ruststream::{App, HandlerOutcome, Message, Publisher, on};
 use ruststream_kafka::{Commit, Kafka};
 use ruststream_nats::Nats;
 use ruststream_nats::async_nats::jetstream::{self, stream};
+use ruststream_rabbitmq::lapin::options::BasicGetOptions;
+use ruststream_rabbitmq::lapin::types::AMQPValue;
+use ruststream_rabbitmq::{QueueKind, RabbitMq};
 use ruststream_redis::Redis;
 use ruststream_sql::{Inbox, Tx};
 use sqlx::PgPool;
@@ -163,25 +166,67 @@ async fn jetstream_messages_read_again_by_another_durable_are_skipped() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_entries_without_an_id_are_refused_and_dead_lettered_saying_why() {
+async fn redis_entries_read_again_by_another_group_are_skipped() {
     let pool = pool().await;
     let redis = Redis::connect_from_env(&Env::new("RUSTSTREAM_REDIS"))
         .await
         .expect("Redis");
-    let (stream_name, dead) = (unique("inbox"), unique("inbox-dead"));
+    let stream_name = unique("inbox");
     let (table, handler) = ledger(&pool, &stream_name).await;
-    let publisher = Publisher::new(redis.publish_handle());
-    publish(&publisher, &stream_name, 2).await;
+    publish(&Publisher::new(redis.publish_handle()), &stream_name, 10).await;
+    let inbox = Inbox::new(pool.clone());
+    for (group, expected_skips) in [("first", 0), ("second", 10)] {
+        let running = App::new()
+            .register(
+                on(redis.stream(&stream_name, group), handler.clone())
+                    .name(&stream_name)
+                    .layer(inbox.clone()),
+            )
+            .start()
+            .await
+            .expect("start");
+        until(Duration::from_secs(30), "every entry seen", async || {
+            sum(&pool, &table).await.0 == 10 && inbox.skipped() >= expected_skips
+        })
+        .await;
+        running.stop().await;
+    }
+    assert_eq!(
+        sum(&pool, &table).await,
+        (10, 55),
+        "each entry applied once"
+    );
+    assert_eq!(inbox.skipped(), 10);
+}
+
+/// RabbitMQ gives a message no stable id of its own (a delivery tag is the channel's):
+/// without `x-ruststream-id` the inbox refuses it, to the dead letter, saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rabbitmq_messages_without_an_id_are_refused_and_dead_lettered_saying_why() {
+    let pool = pool().await;
+    let rabbit = RabbitMq::connect_from_env(&Env::new("RUSTSTREAM_RABBITMQ"))
+        .await
+        .expect("RabbitMQ");
+    let (queue, dead) = (unique("inbox"), unique("inbox-dead"));
+    for name in [&queue, &dead] {
+        rabbit
+            .declare_queue(name, QueueKind::Classic)
+            .await
+            .expect("queue");
+    }
+    let (table, handler) = ledger(&pool, &queue).await;
+    let publisher = Publisher::new(rabbit.publish_handle());
+    publish(&publisher, &queue, 2).await;
     publisher
-        .to(&stream_name)
+        .to(&queue)
         .header(ruststream::core::MESSAGE_ID_HEADER, "order-3")
         .send(&3_i64)
         .await
         .expect("published");
     let running = App::new()
         .register(
-            on(redis.stream(&stream_name, "g"), handler)
-                .name(&stream_name)
+            on(rabbit.queue(&queue), handler)
+                .name(&queue)
                 .max_attempts(2)
                 .dead_letter(&dead)
                 .layer(Inbox::new(pool.clone())),
@@ -189,35 +234,48 @@ async fn redis_entries_without_an_id_are_refused_and_dead_lettered_saying_why() 
         .start()
         .await
         .expect("start");
-    let mut connection = redis.connection();
-    until(Duration::from_secs(20), "two dead letters", async || {
-        let n: u64 = ruststream_redis::redis::cmd("XLEN")
-            .arg(&dead)
-            .query_async(&mut connection)
+    let channel = rabbit.connection().create_channel().await.expect("channel");
+    let mut reasons = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while reasons.len() < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "dead letters: {reasons:?}"
+        );
+        let got = channel
+            .basic_get(dead.as_str().into(), BasicGetOptions { no_ack: true })
             .await
-            .unwrap_or(0);
-        n == 2
-    })
-    .await;
+            .expect("basic.get");
+        match got {
+            Some(message) => {
+                let headers = message
+                    .delivery
+                    .properties
+                    .headers()
+                    .clone()
+                    .unwrap_or_default();
+                let reason = headers
+                    .inner()
+                    .get("x-ruststream-dead-letter-reason")
+                    .map(|v| match v {
+                        AMQPValue::LongString(text) => {
+                            String::from_utf8_lossy(text.as_bytes()).into_owned()
+                        }
+                        other => format!("{other:?}"),
+                    })
+                    .unwrap_or_default();
+                reasons.push(reason);
+            }
+            None => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
     running.stop().await;
     assert_eq!(
         sum(&pool, &table).await,
         (1, 3),
         "only the message with an id applied"
     );
-    let entries: Vec<(String, Vec<(String, String)>)> = ruststream_redis::redis::cmd("XRANGE")
-        .arg(&dead)
-        .arg("-")
-        .arg("+")
-        .query_async(&mut connection)
-        .await
-        .expect("dead letters");
-    for (_, fields) in entries {
-        let reason = fields
-            .iter()
-            .find(|(name, _)| name == "x-ruststream-dead-letter-reason")
-            .map(|(_, v)| v.as_str())
-            .unwrap_or("");
+    for reason in reasons {
         assert!(reason.contains("no `x-ruststream-id` header"), "{reason}");
     }
 }

@@ -93,7 +93,9 @@ pub struct Metadata {
     pub partition: Option<i32>,
     /// Kafka offset.
     pub offset: Option<i64>,
-    /// Stream sequence (JetStream, the memory broker).
+    /// Stream sequence (JetStream, the memory broker); Redis: the entry id's sequence
+    /// part, its milliseconds being `timestamp_ms` (entry `<timestamp_ms>-<sequence>`);
+    /// RabbitMQ: the channel's delivery tag; Pulsar: the producer's sequence id.
     pub sequence: Option<u64>,
     /// Milliseconds since the Unix epoch, when the broker reports a timestamp.
     pub timestamp_ms: Option<i64>,
