@@ -17,6 +17,9 @@ use sqlx::{PgPool, Row};
 /// several relays share the table.
 pub const BUCKETS: i32 = 16;
 
+/// How long a relay waits for one row's confirmation unless told otherwise.
+pub const DEFAULT_PUBLISH_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// The advisory-lock namespace of the buckets.
 const LOCK_SPACE: i32 = 7_274_618;
 
@@ -160,6 +163,7 @@ pub struct Relay {
     publisher: Publisher,
     poll: Duration,
     batch: i64,
+    publish_timeout: Duration,
 }
 
 impl Relay {
@@ -170,12 +174,22 @@ impl Relay {
             publisher,
             poll: Duration::from_secs(1),
             batch: 500,
+            publish_timeout: DEFAULT_PUBLISH_TIMEOUT,
         }
     }
 
     /// How often it looks without a notification (default 1 s).
     pub fn poll_every(mut self, poll: Duration) -> Self {
         self.poll = poll;
+        self
+    }
+
+    /// How long one row's confirmation is waited for (default
+    /// [`DEFAULT_PUBLISH_TIMEOUT`], 30 s); past it the row counts as refused: it stays,
+    /// and its bucket waits for the next round, so a broker that never answers holds no
+    /// lock or transaction for ever.
+    pub fn publish_timeout(mut self, timeout: Duration) -> Self {
+        self.publish_timeout = timeout;
         self
     }
 
@@ -194,7 +208,12 @@ impl Relay {
             }
             tokio::select! {
                 () = &mut stop => return Ok(()),
-                _ = listener.recv() => {}
+                heard = listener.recv() => {
+                    // The database away: wait a poll before asking again, not spin.
+                    if heard.is_err() {
+                        tokio::time::sleep(self.poll).await;
+                    }
+                }
                 () = tokio::time::sleep(self.poll) => {}
             }
         }
@@ -225,8 +244,15 @@ impl Relay {
         for row in rows {
             let seq: i64 = row.try_get(0)?;
             let message = outgoing(&row)?;
-            if let Err(error) = self.publisher.publish(message).await {
-                tracing::warn!(seq, %error, "outbox relay: the broker refused a row; its bucket waits for the next round");
+            let published =
+                tokio::time::timeout(self.publish_timeout, self.publisher.publish(message));
+            let error = match published.await {
+                Ok(Ok(())) => None,
+                Ok(Err(error)) => Some(error.to_string()),
+                Err(_) => Some(format!("no confirmation within {:?}", self.publish_timeout)),
+            };
+            if let Some(error) = error {
+                tracing::warn!(seq, %error, "outbox relay: a row was not published; its bucket waits for the next round");
                 break;
             }
             sqlx::query("UPDATE ruststream_outbox SET sent_at = now() WHERE seq = $1")

@@ -293,3 +293,64 @@ async fn a_row_the_relay_sends_twice_is_applied_once_behind_an_inbox() {
         .expect("count");
     assert_eq!(count, 20);
 }
+
+/// A broker that never answers the first publish.
+struct Silent {
+    inner: Publisher,
+    calls: AtomicUsize,
+}
+
+impl Publish for Silent {
+    fn publish(&self, message: Outgoing) -> BoxFuture<'_, Result<(), PublishError>> {
+        Box::pin(async move {
+            if self.calls.fetch_add(1, Ordering::SeqCst) == 0 {
+                std::future::pending::<()>().await;
+            }
+            self.inner.publish(message).await
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_publish_never_confirmed_holds_nothing_and_the_row_goes_out_later() {
+    let pool = own_database().await;
+    let address = unique("silent");
+    let broker = MemoryBroker::recording();
+    let mut tx = pool.begin().await.expect("tx");
+    for n in 0..3 {
+        Outbox::to(&address)
+            .key("k")
+            .send(&mut tx, &n)
+            .await
+            .expect("write");
+    }
+    tx.commit().await.expect("commit");
+    let silent = Arc::new(Silent {
+        inner: broker.publisher(),
+        calls: AtomicUsize::new(0),
+    });
+    let (stop, stopped) = oneshot::channel::<()>();
+    let relay = Relay::new(pool.clone(), Publisher::new(silent))
+        .poll_every(Duration::from_millis(50))
+        .publish_timeout(Duration::from_millis(200));
+    let task = tokio::spawn(relay.run(async {
+        let _ = stopped.await;
+    }));
+    until(Duration::from_secs(10), "three published", || {
+        broker.published(&address).len() == 3
+    })
+    .await;
+    let _ = stop.send(());
+    task.await.expect("relay ended").expect("relay ran");
+    let order: Vec<String> = broker
+        .published(&address)
+        .iter()
+        .map(|m| String::from_utf8_lossy(&m.payload).into_owned())
+        .collect();
+    assert_eq!(
+        order,
+        ["0", "1", "2"],
+        "the unanswered row went out first, later"
+    );
+    assert_eq!(unsent(&pool, &address).await, 0);
+}
