@@ -1,12 +1,13 @@
 //! Publishing to a queue through the default exchange, confirmed by the broker.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use bytes::Bytes;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use lapin::{BasicProperties, Channel, Confirmation};
+use lapin::{BasicProperties, Channel, Confirmation, PublisherConfirm};
 use ruststream_core::{BoxFuture, Headers, Outgoing, Publish, PublishError, PublishErrorKind};
 
 use crate::link::{Link, LinkError};
@@ -15,6 +16,13 @@ use crate::link::{Link, LinkError};
 /// persistent, with publisher confirms and `mandatory`: a message no queue takes is an
 /// error. Cheap to clone: the clones share one channel, opened again (on a new
 /// connection if need be) by the first send after it was lost.
+///
+/// lapin hands a `basic.return` to whichever confirmation it completes next, so on a
+/// channel with several publishes in flight a refusal can land on another message (one
+/// no queue took reported sent, one stored reported refused). A queue is therefore
+/// reached first on a channel of its own, one message at a time and in order; once one
+/// is stored, its publishes share the pipelined channel. A queue deleted while messages
+/// to it are in flight there can still have its refusal reported on another message.
 #[derive(Clone)]
 pub struct RabbitPublisher {
     inner: Arc<Inner>,
@@ -27,6 +35,17 @@ struct Inner {
     opening: tokio::sync::Mutex<()>,
     /// The connection's negotiated `frame_max` (0 until a channel is open).
     frame_max: AtomicU32,
+    /// Queues a message was stored in since the shared channel was opened: publishes
+    /// to them are pipelined on it.
+    routed: Mutex<HashSet<String>>,
+    /// Per queue not yet routed: its publishes go one at a time, in order.
+    probing: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Confirming channels with nothing in flight, for publishes to such queues.
+    idle_probes: Mutex<Vec<Channel>>,
+}
+
+fn locked<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl std::fmt::Debug for RabbitPublisher {
@@ -43,6 +62,9 @@ impl RabbitPublisher {
                 channel: Mutex::default(),
                 opening: tokio::sync::Mutex::default(),
                 frame_max: AtomicU32::new(0),
+                routed: Mutex::default(),
+                probing: Mutex::default(),
+                idle_probes: Mutex::default(),
             }),
         };
         publisher.channel().await?;
@@ -73,16 +95,21 @@ impl RabbitPublisher {
         let connection = self.inner.link.connected().await?;
         let frame_max = connection.configuration().frame_max();
         self.inner.frame_max.store(frame_max, Ordering::Relaxed);
-        let channel = connection.create_channel().await?;
-        channel
-            .confirm_select(ConfirmSelectOptions::default())
-            .await?;
-        *self
-            .inner
-            .channel
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(channel.clone());
+        let channel = confirming(&connection).await?;
+        // A new channel may be on a new broker: what was routed is learnt again.
+        locked(&self.inner.routed).clear();
+        *locked(&self.inner.channel) = Some(channel.clone());
         Ok(channel)
+    }
+
+    /// A confirming channel with nothing in flight: an idle one, or a new one.
+    async fn probe_channel(&self) -> Result<Channel, LinkError> {
+        while let Some(channel) = locked(&self.inner.idle_probes).pop() {
+            if channel.status().connected() {
+                return Ok(channel);
+            }
+        }
+        confirming(&*self.inner.link.connected().await?).await
     }
 
     /// Sends `payload` to `queue` with `headers` and waits for the broker's confirm.
@@ -118,25 +145,53 @@ impl RabbitPublisher {
                 ),
             ));
         }
-        let confirm = channel
-            .basic_publish(
-                ShortString::from(""),
-                ShortString::from(queue),
-                BasicPublishOptions {
-                    mandatory: true,
-                    ..BasicPublishOptions::default()
-                },
-                payload,
-                properties,
-            )
+        if locked(&self.inner.routed).contains(queue) {
+            let confirm = publish(&channel, queue, payload, properties).await?;
+            return self.confirmed(queue, confirm.await);
+        }
+        // Not yet routed: one at a time per queue, each on a channel of its own.
+        let turn = Arc::clone(
+            locked(&self.inner.probing)
+                .entry(queue.to_owned())
+                .or_default(),
+        );
+        let _turn = turn.lock().await;
+        if locked(&self.inner.routed).contains(queue) {
+            // Routed while this one waited: its place in the queue's order is kept by
+            // publishing before the turn is given up.
+            let confirm = publish(&channel, queue, payload, properties).await?;
+            drop(_turn);
+            return self.confirmed(queue, confirm.await);
+        }
+        let probe = self
+            .probe_channel()
             .await
-            .map_err(|e| PublishError::new(queue, kind_of(&e), e))?;
-        match confirm
-            .await
-            .map_err(|e| PublishError::new(queue, kind_of(&e), e))?
-        {
+            .map_err(|e| PublishError::new(queue, PublishErrorKind::Disconnected, e.to_string()))?;
+        let confirmation = publish(&probe, queue, payload, properties).await?.await;
+        let result = self.confirmed(queue, confirmation);
+        if result.is_ok() {
+            locked(&self.inner.routed).insert(queue.to_owned());
+            locked(&self.inner.probing).remove(queue);
+        }
+        if probe.status().connected() {
+            locked(&self.inner.idle_probes).push(probe);
+        }
+        result
+    }
+
+    /// The result of a publish from its confirmation; a refusal makes its queue one
+    /// to reach on a channel of its own again.
+    fn confirmed(
+        &self,
+        queue: &str,
+        confirmation: Result<Confirmation, lapin::Error>,
+    ) -> Result<(), PublishError> {
+        match confirmation.map_err(|e| PublishError::new(queue, kind_of(&e), e))? {
             Confirmation::Ack(None) => Ok(()),
             Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)) => {
+                let mut routed = locked(&self.inner.routed);
+                routed.remove(queue);
+                routed.remove(returned.delivery.routing_key.as_str());
                 Err(PublishError::new(
                     queue,
                     PublishErrorKind::NoSuchAddress,
@@ -158,6 +213,37 @@ impl RabbitPublisher {
             )),
         }
     }
+}
+
+/// A new channel on `connection` with publisher confirms on.
+async fn confirming(connection: &lapin::Connection) -> Result<Channel, LinkError> {
+    let channel = connection.create_channel().await?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    Ok(channel)
+}
+
+/// Sends one persistent, `mandatory` message to `queue` through the default exchange.
+async fn publish(
+    channel: &Channel,
+    queue: &str,
+    payload: &[u8],
+    properties: BasicProperties,
+) -> Result<PublisherConfirm, PublishError> {
+    channel
+        .basic_publish(
+            ShortString::from(""),
+            ShortString::from(queue),
+            BasicPublishOptions {
+                mandatory: true,
+                ..BasicPublishOptions::default()
+            },
+            payload,
+            properties,
+        )
+        .await
+        .map_err(|e| PublishError::new(queue, kind_of(&e), e))
 }
 
 impl Publish for RabbitPublisher {
