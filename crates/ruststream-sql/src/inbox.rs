@@ -2,14 +2,15 @@
 //! which first records the message's id, so a message seen before is skipped, and whose
 //! commit comes before the broker's settlement.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::BTreeMap;
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use ruststream::HandlerOutcome;
 use ruststream::core::{Capabilities, Cause, MESSAGE_ID_HEADER, OutcomeKind, Verb};
 use ruststream::extract::{FromDelivery, Incoming, Rejection};
 use ruststream::middleware::{Completion, Layer, Service};
+use ruststream::ops::{Reading, Watch};
 use sqlx::postgres::PgConnection;
 use sqlx::{PgPool, Postgres, Transaction};
 use tokio::sync::{Mutex, MutexGuard};
@@ -25,7 +26,9 @@ type Slot = Arc<Mutex<Option<Transaction<'static, Postgres>>>>;
 /// message's id in `ruststream_inbox`:
 ///
 /// - an id already there: the handler is skipped and the delivery acknowledged (logged
-///   at debug, counted in [`skipped`](Self::skipped));
+///   at debug, counted in [`skipped`](Self::skipped) and, once the app
+///   [watches](ruststream::App::watch) the inbox, in `ruststream_inbox_skipped_total`
+///   per registration);
 /// - the handler returns `ack()` or `drop()`: the transaction commits, then the broker
 ///   settlement is made (a commit that fails is a failed attempt: `retry()`);
 /// - `retry()`, `retry_after(d)`, an error, a panic, a timeout or a refused payload: it
@@ -59,7 +62,8 @@ type Slot = Arc<Mutex<Option<Transaction<'static, Postgres>>>>;
 #[derive(Debug, Clone)]
 pub struct Inbox {
     pool: PgPool,
-    skipped: Arc<AtomicU64>,
+    /// Deliveries skipped as seen before, per registration.
+    skipped: Arc<std::sync::Mutex<BTreeMap<String, u64>>>,
 }
 
 impl Inbox {
@@ -73,7 +77,11 @@ impl Inbox {
 
     /// How many deliveries were skipped as seen before, since this inbox was made.
     pub fn skipped(&self) -> u64 {
-        self.skipped.load(Ordering::Relaxed)
+        self.counts().values().sum()
+    }
+
+    fn counts(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, u64>> {
+        self.skipped.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Deletes the ids recorded more than `horizon` ago; returns how many. A message
@@ -88,6 +96,24 @@ impl Inbox {
         .execute(&self.pool)
         .await?;
         Ok(deleted.rows_affected())
+    }
+}
+
+/// `ruststream_inbox_skipped_total{registration}`: deliveries skipped as seen before.
+/// `App::new().watch(Arc::new(inbox.clone()))` serves it.
+impl Watch for Inbox {
+    fn readings(&self) -> Vec<Reading> {
+        self.counts()
+            .iter()
+            .map(|(registration, n)| {
+                Reading::counter(
+                    "ruststream_inbox_skipped",
+                    "deliveries the inbox skipped and acknowledged as seen before",
+                    *n as f64,
+                )
+                .label("registration", registration.as_str())
+            })
+            .collect()
     }
 }
 
@@ -154,7 +180,11 @@ impl<S: Service> Service for InboxService<S> {
             Err(e) => return failed("recording the message in the inbox", e),
             Ok(done) if done.rows_affected() == 0 => {
                 tracing::debug!(registration, message_id = %id, "inbox: seen before; skipped and acknowledged");
-                self.inbox.skipped.fetch_add(1, Ordering::Relaxed);
+                *self
+                    .inbox
+                    .counts()
+                    .entry(registration.to_owned())
+                    .or_default() += 1;
                 return Completion::Outcome(HandlerOutcome::ack());
             }
             Ok(_) => {}

@@ -23,6 +23,6 @@ mod outbox;
 mod schema;
 
 pub use inbox::{DEFAULT_HORIZON, Inbox, InboxService, Tx, TxGuard};
-pub use outbox::{BUCKETS, DEFAULT_PUBLISH_TIMEOUT, Outbox, OutboxMessage, Relay};
+pub use outbox::{BUCKETS, DEFAULT_MAX_LAG, DEFAULT_PUBLISH_TIMEOUT, Outbox, OutboxMessage, Relay};
 pub use schema::{SCHEMA, migrate};
 pub use sqlx;

@@ -3,10 +3,12 @@
 //! confirmed it.
 
 use std::future::Future;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use ruststream::core::{Headers, MESSAGE_ID_HEADER, Outgoing};
+use ruststream::ops::{Reading, Watch};
 use ruststream::{Json, Publisher};
 use serde::Serialize;
 use sqlx::postgres::{PgConnection, PgListener};
@@ -19,6 +21,10 @@ pub const BUCKETS: i32 = 16;
 
 /// How long a relay waits for one row's confirmation unless told otherwise.
 pub const DEFAULT_PUBLISH_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How old the oldest unsent row may be before the relay's [watch](Relay::watch) reports
+/// the service not ready, unless told otherwise.
+pub const DEFAULT_MAX_LAG: Duration = Duration::from_secs(60);
 
 /// The advisory-lock namespace of the buckets.
 const LOCK_SPACE: i32 = 7_274_618;
@@ -164,6 +170,17 @@ pub struct Relay {
     poll: Duration,
     batch: i64,
     publish_timeout: Duration,
+    max_lag: Duration,
+    /// The outbox as the last round left it, for the watch.
+    measured: Arc<Mutex<Option<Measured>>>,
+}
+
+/// The unsent rows after a round.
+#[derive(Debug, Clone, Copy)]
+struct Measured {
+    unsent: i64,
+    oldest: Duration,
+    at: Instant,
 }
 
 impl Relay {
@@ -175,7 +192,30 @@ impl Relay {
             poll: Duration::from_secs(1),
             batch: 500,
             publish_timeout: DEFAULT_PUBLISH_TIMEOUT,
+            max_lag: DEFAULT_MAX_LAG,
+            measured: Arc::default(),
         }
+    }
+
+    /// How long the oldest unsent row may wait, and a round take, before the relay's
+    /// [watch](Self::watch) reports the service not ready (default [`DEFAULT_MAX_LAG`],
+    /// 60 s).
+    pub fn max_lag(mut self, lag: Duration) -> Self {
+        self.max_lag = lag;
+        self
+    }
+
+    /// The outbox lag for the ops endpoint, measured after each of this relay's rounds:
+    /// `ruststream_outbox_unsent` (rows) and `ruststream_outbox_oldest_unsent_seconds`,
+    /// and not ready while the oldest unsent row waited longer than
+    /// [`max_lag`](Self::max_lag), or no round finished for that long (a relay stuck or
+    /// not running). Add it with `App::new().watch(relay.watch())`.
+    pub fn watch(&self) -> Arc<dyn Watch> {
+        Arc::new(LagWatch {
+            measured: Arc::clone(&self.measured),
+            max_lag: self.max_lag,
+            since: Instant::now(),
+        })
     }
 
     /// How often it looks without a notification (default 1 s).
@@ -206,6 +246,7 @@ impl Relay {
                     break;
                 }
             }
+            self.measure().await;
             tokio::select! {
                 () = &mut stop => return Ok(()),
                 heard = listener.recv() => {
@@ -216,6 +257,21 @@ impl Relay {
                 }
                 () = tokio::time::sleep(self.poll) => {}
             }
+        }
+    }
+
+    /// Records the outbox lag for the watch.
+    async fn measure(&self) {
+        match Outbox::lag(&self.pool).await {
+            Ok((unsent, oldest)) => {
+                let now = Measured {
+                    unsent,
+                    oldest,
+                    at: Instant::now(),
+                };
+                *self.measured.lock().unwrap_or_else(PoisonError::into_inner) = Some(now);
+            }
+            Err(e) => tracing::debug!(error = %e, "outbox relay: the lag could not be measured"),
         }
     }
 
@@ -261,6 +317,59 @@ impl Relay {
                 .await?;
         }
         tx.commit().await
+    }
+}
+
+/// A relay's lag as the ops endpoint shows it.
+struct LagWatch {
+    measured: Arc<Mutex<Option<Measured>>>,
+    max_lag: Duration,
+    since: Instant,
+}
+
+impl LagWatch {
+    fn measured(&self) -> Option<Measured> {
+        *self.measured.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Watch for LagWatch {
+    fn readings(&self) -> Vec<Reading> {
+        let Some(m) = self.measured() else {
+            return Vec::new();
+        };
+        vec![
+            Reading::gauge(
+                "ruststream_outbox_unsent",
+                "outbox rows not yet published",
+                m.unsent as f64,
+            ),
+            Reading::gauge(
+                "ruststream_outbox_oldest_unsent_seconds",
+                "how long the oldest unsent outbox row has waited, at the relay's last round",
+                m.oldest.as_secs_f64(),
+            ),
+        ]
+    }
+
+    fn not_ready(&self) -> Option<String> {
+        let max = self.max_lag;
+        match self.measured() {
+            None if self.since.elapsed() > max => Some(format!(
+                "outbox relay: no round finished in {:.0?} (is it running?)",
+                self.since.elapsed()
+            )),
+            None => None,
+            Some(m) if m.at.elapsed() > max => Some(format!(
+                "outbox relay: its last round finished {:.0?} ago (over {max:?})",
+                m.at.elapsed()
+            )),
+            Some(m) if m.oldest > max => Some(format!(
+                "outbox lag: {} rows unsent, the oldest for {:.0?} (over {max:?})",
+                m.unsent, m.oldest
+            )),
+            Some(_) => None,
+        }
     }
 }
 

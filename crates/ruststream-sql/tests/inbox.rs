@@ -76,6 +76,8 @@ async fn a_message_seen_before_is_skipped_and_its_effect_applied_once() {
         }
     };
     let running = App::new()
+        .metrics()
+        .watch(std::sync::Arc::new(inbox.clone()))
         .register(
             on(broker.topic("credits"), handler)
                 .name(&registration)
@@ -94,7 +96,14 @@ async fn a_message_seen_before_is_skipped_and_its_effect_applied_once() {
             .expect("published");
     }
     until_idle(&broker).await;
+    let metrics = running.metrics().await.expect("metrics on");
     running.stop().await;
+    assert!(
+        metrics.contains(&format!(
+            "ruststream_inbox_skipped_total{{registration=\"{registration}\"}} 2\n"
+        )),
+        "the skips are a series per registration: {metrics}"
+    );
     assert_eq!(
         totals(&pool, &table).await,
         (2, 12),

@@ -15,6 +15,7 @@ use ruststream::core::{BoxFuture, MESSAGE_ID_HEADER, Outgoing, Publish, PublishE
 use ruststream::memory::MemoryBroker;
 use ruststream::{App, HandlerOutcome, Message, Publisher, on};
 use ruststream_sql::{Inbox, Outbox, Relay, Tx};
+use ruststream_test_support::ops::get;
 use sqlx::PgPool;
 use tokio::sync::oneshot;
 
@@ -353,4 +354,67 @@ async fn a_publish_never_confirmed_holds_nothing_and_the_row_goes_out_later() {
         "the unanswered row went out first, later"
     );
     assert_eq!(unsent(&pool, &address).await, 0);
+}
+
+/// A broker that refuses every publish.
+struct Closed;
+
+impl Publish for Closed {
+    fn publish(&self, message: Outgoing) -> BoxFuture<'_, Result<(), PublishError>> {
+        Box::pin(async move {
+            Err(PublishError::new(
+                &message.address,
+                ruststream::core::PublishErrorKind::Rejected,
+                "closed",
+            ))
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outbox_lag_is_a_series_and_a_reason_not_to_be_ready() {
+    let pool = own_database().await;
+    let address = unique("lagging");
+    let mut tx = pool.begin().await.expect("tx");
+    for n in 0..3 {
+        Outbox::to(&address).send(&mut tx, &n).await.expect("write");
+    }
+    tx.commit().await.expect("commit");
+    let relay = Relay::new(pool.clone(), Publisher::new(Arc::new(Closed)))
+        .poll_every(Duration::from_millis(50))
+        .max_lag(Duration::from_millis(600));
+    let app = App::new().ops(0).watch(relay.watch());
+    let running = app.start().await.expect("start");
+    let addr = running.ops_addr().expect("ops on");
+    let (ready, body) = get(addr, "/health/ready").await;
+    assert_eq!(ready, 200, "no round yet, within max_lag: {body}");
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(relay.run(async {
+        let _ = stopped.await;
+    }));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (status, body) = loop {
+        let (status, body) = get(addr, "/health/ready").await;
+        if status == 503 || Instant::now() > deadline {
+            break (status, body);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("outbox lag: 3 rows unsent"), "{body}");
+    let (_, metrics) = get(addr, "/metrics").await;
+    assert!(
+        metrics.contains("ruststream_outbox_unsent 3\n"),
+        "{metrics}"
+    );
+    let oldest = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("ruststream_outbox_oldest_unsent_seconds "))
+        .and_then(|v| v.parse::<f64>().ok())
+        .expect("the oldest row's age is a series");
+    assert!(oldest >= 0.6, "{oldest}");
+    assert!(metrics.trim_end().ends_with("# EOF"), "{metrics}");
+    let _ = stop.send(());
+    task.await.expect("relay task").expect("relay ran");
+    running.stop().await;
 }

@@ -13,7 +13,7 @@ use tokio::task::JoinHandle;
 use crate::asyncapi::{AsyncApi, Sends, Served, Source};
 use crate::group::Registrations;
 use crate::in_flight::InFlight;
-use crate::ops::{Health, Metrics, Ops};
+use crate::ops::{Health, Metrics, Ops, Watch};
 use crate::registration::Registration;
 use crate::runtime::{Env, Mount, Observe};
 use crate::state::StateMap;
@@ -60,6 +60,7 @@ pub struct App {
     info: Option<(String, String)>,
     sends: Vec<Sends>,
     asyncapi_page: Option<PathBuf>,
+    watches: Vec<Arc<dyn Watch>>,
 }
 
 impl Default for App {
@@ -98,6 +99,7 @@ impl App {
             info: None,
             sends: Vec::new(),
             asyncapi_page: None,
+            watches: Vec::new(),
         }
     }
 
@@ -140,6 +142,14 @@ impl App {
     /// serve from a server of your own).
     pub fn metrics(mut self) -> Self {
         self.metrics = true;
+        self
+    }
+
+    /// Reports `watch`'s series at `/metrics` and its reasons at `/health/ready`, beside
+    /// the registrations' (an outbox relay's lag, an inbox's skips: see
+    /// [`Watch`](crate::ops::Watch)).
+    pub fn watch(mut self, watch: Arc<dyn Watch>) -> Self {
+        self.watches.push(watch);
         self
     }
 
@@ -271,8 +281,8 @@ impl App {
     pub async fn start(self) -> Result<Running, StartError> {
         self.validate()?;
         crate::runtime::quiet_handler_panics();
-        let metrics = self.metrics.then(Metrics::new);
-        let health = Health::new(self.stop_tx.subscribe());
+        let metrics = self.metrics.then(|| Metrics::new(self.watches.clone()));
+        let health = Health::new(self.stop_tx.subscribe(), self.watches.clone());
         // The endpoint is up before the subscriptions open: live at once, ready once
         // every subscription is open.
         let ops = match self.ops {

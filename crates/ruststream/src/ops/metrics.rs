@@ -152,6 +152,7 @@ pub(crate) struct Metrics {
     backlog: Family<BacklogLabels, Gauge>,
     backlog_probes: Mutex<Vec<(Labels, BacklogProbe)>>,
     clock: quanta::Clock,
+    watches: Vec<Arc<dyn super::Watch>>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -176,7 +177,7 @@ fn age_histogram() -> Histogram {
 }
 
 impl Metrics {
-    pub(crate) fn new() -> Arc<Self> {
+    pub(crate) fn new(watches: Vec<Arc<dyn super::Watch>>) -> Arc<Self> {
         let mut registry = Registry::default();
         let r = &mut registry;
         let deliveries = registered(r, &series::DELIVERIES, Family::default());
@@ -225,6 +226,7 @@ impl Metrics {
             backlog_probes: Mutex::default(),
             // Calibrated once per app (against the system clock, a few milliseconds).
             clock: quanta::Clock::new(),
+            watches,
         })
     }
 
@@ -358,6 +360,7 @@ impl Metrics {
         let registry = self.registry.lock().unwrap_or_else(PoisonError::into_inner);
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
+        super::watches::encode(&mut out, &self.watches);
         out
     }
 }

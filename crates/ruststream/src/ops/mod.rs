@@ -28,10 +28,17 @@
 //! | `ruststream_fetch_errors_total` | fetches that failed (a broker down shows here) |
 //! | `ruststream_backlog{kind, partition}` | asked of the broker at each scrape: `pending` (Kafka: high watermark − committed, per partition; JetStream: `num_pending`), `ack_pending` (JetStream: delivered, not acknowledged), `slow_consumer_dropped` (Core NATS: at least this many messages the client dropped for the subscription since the start; see below). Redis: `pending` (`XINFO GROUPS` `lag`) and `ack_pending` (the group's pending entries). RabbitMQ: `pending` (the queue's ready messages). Pulsar: none yet (the client does not expose the backlog; the broker's admin API does) |
 //!
+//! Beside these, every [`Watch`] the app was given ([`App::watch`](crate::App::watch))
+//! adds its own series at each scrape and its reasons to `/health/ready`:
+//! `ruststream-sql`'s inbox (`ruststream_inbox_skipped_total`) and outbox relay
+//! (`ruststream_outbox_unsent`, `ruststream_outbox_oldest_unsent_seconds`, not ready past
+//! its `max_lag`).
+//!
 //! What to alert on is in the README ("Operating a service").
 
 mod metrics;
 mod server;
+mod watches;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -42,12 +49,14 @@ use tokio::sync::watch;
 
 pub(crate) use metrics::{CopyFailure, Instruments, Metrics, Outcome, Published, SettleError};
 pub(crate) use server::serve;
+pub use watches::{Reading, Watch};
 
 /// What the readiness check reads.
 pub(crate) struct Health {
     stop: watch::Receiver<bool>,
     started: AtomicBool,
     subscriptions: Mutex<Vec<Arc<SubscriptionHealth>>>,
+    watches: Vec<Arc<dyn Watch>>,
 }
 
 /// One subscription's part of readiness, updated by its driver.
@@ -97,11 +106,12 @@ impl SubscriptionHealth {
 }
 
 impl Health {
-    pub(crate) fn new(stop: watch::Receiver<bool>) -> Arc<Self> {
+    pub(crate) fn new(stop: watch::Receiver<bool>, watches: Vec<Arc<dyn Watch>>) -> Arc<Self> {
         Arc::new(Self {
             stop,
             started: AtomicBool::new(false),
             subscriptions: Mutex::default(),
+            watches,
         })
     }
 
@@ -161,6 +171,7 @@ impl Health {
                 reasons.push(name("fetching from the broker failed in the last seconds"));
             }
         }
+        reasons.extend(self.watches.iter().filter_map(|w| w.not_ready()));
         reasons
     }
 }
