@@ -17,7 +17,8 @@ use lapin::options::{
 use lapin::types::{FieldTable, ShortString};
 use lapin::{Channel, Consumer};
 use ruststream_core::{
-    AckError, Attempt, Delivery, Held, Metadata, Settle, SubscribeError, Subscription,
+    AckError, Attempt, Delivery, Held, MESSAGE_ID_HEADER, Metadata, Settle, SubscribeError,
+    Subscription,
 };
 use tokio::time::{Instant, Sleep};
 
@@ -238,7 +239,17 @@ impl RabbitSubscription {
         slot: &mut Delivery,
     ) -> RabbitReceipt {
         let table = message.properties.headers().as_ref();
-        let headers = from_table(table);
+        let mut headers = from_table(table);
+        // The AMQP `message-id` property is the message's id where the header is absent
+        // (an inbox skips what it saw; the copies the runtime publishes keep it).
+        if let Some(id) = message.properties.message_id()
+            && headers.get(MESSAGE_ID_HEADER).is_none()
+        {
+            headers.insert(
+                MESSAGE_ID_HEADER,
+                Bytes::copy_from_slice(id.as_str().as_bytes()),
+            );
+        }
         let (mut requeued, mut key) = (0, 0);
         let attempt = if self.quorum {
             // The broker's count of earlier deliveries (absent on the first).

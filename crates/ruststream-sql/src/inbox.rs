@@ -37,7 +37,8 @@ type Slot = Arc<Mutex<Option<Transaction<'static, Postgres>>>>;
 /// The handler writes through the same transaction by taking a [`Tx`]. The id is the
 /// `x-ruststream-id` header when the message has one (the outbox writes it), else the
 /// broker's own identity where it has a stable one (Kafka topic, partition and offset;
-/// JetStream and the memory broker the stream sequence; Redis the entry id); a message
+/// JetStream and the memory broker the stream sequence; Redis the entry id; RabbitMQ's
+/// `message-id` property, which its transport hands over as the header); a message
 /// with neither is
 /// refused (the registration's failure policy, with an ERROR saying why).
 ///

@@ -1,8 +1,8 @@
 //! The inbox on real brokers, by the broker's own identity of a message: every record a
 //! second reader gets again (a new Kafka group, a new JetStream durable: what a crash or
 //! a rebalance would redeliver) is skipped, its effect applied once; on a broker that
-//! gives a message no identity (RabbitMQ), a message without `x-ruststream-id` is refused
-//! and dead-lettered, saying why.
+//! gives a message no identity of its own (RabbitMQ: unless its `message-id` property is
+//! set), a message without `x-ruststream-id` is refused and dead-lettered, saying why.
 
 mod common;
 
@@ -14,7 +14,8 @@ use ruststream::{App, HandlerOutcome, Message, Publisher, on};
 use ruststream_kafka::{Commit, Kafka};
 use ruststream_nats::Nats;
 use ruststream_nats::async_nats::jetstream::{self, stream};
-use ruststream_rabbitmq::lapin::options::BasicGetOptions;
+use ruststream_rabbitmq::lapin::BasicProperties;
+use ruststream_rabbitmq::lapin::options::{BasicGetOptions, BasicPublishOptions};
 use ruststream_rabbitmq::lapin::types::AMQPValue;
 use ruststream_rabbitmq::{QueueKind, RabbitMq};
 use ruststream_redis::Redis;
@@ -199,10 +200,11 @@ async fn redis_entries_read_again_by_another_group_are_skipped() {
     assert_eq!(inbox.skipped(), 10);
 }
 
-/// RabbitMQ gives a message no stable id of its own (a delivery tag is the channel's):
-/// without `x-ruststream-id` the inbox refuses it, to the dead letter, saying why.
+/// On RabbitMQ a message's id is its `x-ruststream-id`, else its AMQP `message-id`
+/// property (two messages with one `message-id` are applied once); a message with
+/// neither (a delivery tag is the channel's) is refused, to the dead letter, saying why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rabbitmq_messages_without_an_id_are_refused_and_dead_lettered_saying_why() {
+async fn rabbitmq_message_id_is_the_id_and_messages_without_one_are_refused() {
     let pool = pool().await;
     let rabbit = RabbitMq::connect_from_env(&Env::new("RUSTSTREAM_RABBITMQ"))
         .await
@@ -223,13 +225,28 @@ async fn rabbitmq_messages_without_an_id_are_refused_and_dead_lettered_saying_wh
         .send(&3_i64)
         .await
         .expect("published");
+    let raw = rabbit.connection().create_channel().await.expect("channel");
+    for (id, payload) in [("order-4", "4"), ("order-4", "4"), ("order-5", "5")] {
+        raw.basic_publish(
+            "".into(),
+            queue.as_str().into(),
+            BasicPublishOptions::default(),
+            payload.as_bytes(),
+            BasicProperties::default().with_message_id(id.into()),
+        )
+        .await
+        .expect("published")
+        .await
+        .expect("sent");
+    }
+    let inbox = Inbox::new(pool.clone());
     let running = App::new()
         .register(
             on(rabbit.queue(&queue), handler)
                 .name(&queue)
                 .max_attempts(2)
                 .dead_letter(&dead)
-                .layer(Inbox::new(pool.clone())),
+                .layer(inbox.clone()),
         )
         .start()
         .await
@@ -269,12 +286,17 @@ async fn rabbitmq_messages_without_an_id_are_refused_and_dead_lettered_saying_wh
             None => tokio::time::sleep(Duration::from_millis(100)).await,
         }
     }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while sum(&pool, &table).await != (3, 12) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     running.stop().await;
     assert_eq!(
         sum(&pool, &table).await,
-        (1, 3),
-        "only the message with an id applied"
+        (3, 12),
+        "the messages with an id applied, order-4 once"
     );
+    assert_eq!(inbox.skipped(), 1, "the second order-4");
     for reason in reasons {
         assert!(reason.contains("no `x-ruststream-id` header"), "{reason}");
     }
