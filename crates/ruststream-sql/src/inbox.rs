@@ -7,7 +7,7 @@ use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use ruststream::HandlerOutcome;
-use ruststream::core::{Capabilities, Cause, MESSAGE_ID_HEADER, OutcomeKind, Verb};
+use ruststream::core::{Capabilities, Cause, Delivery, MESSAGE_ID_HEADER, OutcomeKind, Verb};
 use ruststream::extract::{FromDelivery, Incoming, Rejection};
 use ruststream::middleware::{Completion, Layer, Service};
 use ruststream::ops::{Reading, Watch};
@@ -79,6 +79,16 @@ impl Inbox {
     /// How many deliveries were skipped as seen before, since this inbox was made.
     pub fn skipped(&self) -> u64 {
         self.counts().values().sum()
+    }
+
+    pub(crate) fn count_skips(&self, registration: &str, n: u64) {
+        if n > 0 {
+            *self.counts().entry(registration.to_owned()).or_default() += n;
+        }
+    }
+
+    pub(crate) fn pool(&self) -> &PgPool {
+        &self.pool
     }
 
     fn counts(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, u64>> {
@@ -218,12 +228,16 @@ fn failed(what: &str, error: sqlx::Error) -> Completion {
 
 /// The message's id: its `x-ruststream-id`, else the broker's own stable identity.
 fn message_id(incoming: &Incoming) -> Result<String, String> {
-    let delivery = incoming.delivery();
+    id_of(incoming.delivery(), incoming.context().transport())
+}
+
+/// A delivery's id on `transport`: its `x-ruststream-id`, else the broker's own stable
+/// identity; why there is none otherwise.
+pub(crate) fn id_of(delivery: &Delivery, transport: &str) -> Result<String, String> {
     if let Some(id) = delivery.headers().get_str(MESSAGE_ID_HEADER) {
         return Ok(id.to_owned());
     }
     let meta = delivery.metadata();
-    let transport = incoming.context().transport();
     match (transport, meta.partition, meta.offset, meta.sequence) {
         ("kafka", Some(partition), Some(offset), _) => {
             Ok(format!("kafka:{}/{partition}/{offset}", delivery.address()))

@@ -18,10 +18,12 @@
 // No function over 80 lines of code (clippy.toml), in library code (ARCHITECTURE.md).
 #![deny(clippy::too_many_lines)]
 
+mod batch;
 mod inbox;
 mod outbox;
 mod schema;
 
+pub use batch::{BatchInbox, BatchTx};
 pub use inbox::{DEFAULT_HORIZON, Inbox, InboxService, Tx, TxGuard};
 pub use outbox::{BUCKETS, DEFAULT_MAX_LAG, DEFAULT_PUBLISH_TIMEOUT, Outbox, OutboxMessage, Relay};
 pub use schema::{SCHEMA, migrate};

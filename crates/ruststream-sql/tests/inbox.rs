@@ -262,3 +262,82 @@ async fn ids_older_than_the_horizon_are_pruned() {
     assert!(pruned >= 1);
     assert_eq!(recorded(&pool, &registration).await, 1, "the new one kept");
 }
+
+/// A batch handler gets one transaction per batch: a message seen before is skipped and
+/// acknowledged, the new ones commit together, and a batch with any message to retry
+/// rolls back whole and retries every new message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_is_one_transaction_and_its_repeats_are_skipped() {
+    use ruststream::batch::Batch;
+    use ruststream::{BatchOutcome, on_batch};
+    use ruststream_sql::BatchInbox;
+
+    let pool = pool().await;
+    let table = effects(&pool, "batch").await;
+    let registration = unique("batch-credit");
+    let broker = MemoryBroker::new();
+    let inbox = Inbox::new(pool.clone());
+    let calls = Arc::new(AtomicUsize::new(0));
+    let (write, counted) = (table.clone(), Arc::clone(&calls));
+    let handler = move |batch: Batch<i64>, inbox: BatchInbox| {
+        let (write, counted) = (write.clone(), Arc::clone(&counted));
+        async move {
+            let call = counted.fetch_add(1, Ordering::SeqCst);
+            let mut tx = inbox.begin(&batch).await?;
+            let mut outcome = BatchOutcome::ack_all();
+            for (i, item) in batch.iter().enumerate() {
+                if !tx.fresh(i) {
+                    continue;
+                }
+                let id = item.headers().get_str(MESSAGE_ID_HEADER).unwrap_or("-");
+                sqlx::query(&format!("INSERT INTO {write} VALUES ($1, $2)"))
+                    .bind(id)
+                    .bind(item.value)
+                    .execute(tx.conn())
+                    .await?;
+                // The first call wants its message of 1 again: the whole batch rolls back.
+                if call == 0 && item.value == 1 {
+                    outcome.set(i, HandlerOutcome::retry());
+                }
+            }
+            tx.commit(outcome).await
+        }
+    };
+    let running = App::new()
+        .state(inbox.clone())
+        .register(
+            on_batch(broker.topic("credits"), handler)
+                .name(&registration)
+                .max_batch(10)
+                .max_wait(Duration::from_millis(200)),
+        )
+        .start()
+        .await
+        .expect("start");
+    let publisher = broker.publisher();
+    for (id, amount) in [("a1", 5), ("a2", 7), ("a1", 5), ("a3", 1)] {
+        publisher
+            .to("credits")
+            .header(MESSAGE_ID_HEADER, id)
+            .send(&amount)
+            .await
+            .expect("published");
+    }
+    until_idle(&broker).await;
+    publisher
+        .to("credits")
+        .header(MESSAGE_ID_HEADER, "a2")
+        .send(&7)
+        .await
+        .expect("published");
+    until_idle(&broker).await;
+    running.stop().await;
+    assert!(calls.load(Ordering::SeqCst) >= 3, "the rolled-back batch came again");
+    assert_eq!(
+        totals(&pool, &table).await,
+        (3, 13),
+        "a1, a2 and a3 applied once each, after the rollback"
+    );
+    assert_eq!(inbox.skipped(), 2, "the second a1 in the first batch, the late a2");
+    assert_eq!(recorded(&pool, &registration).await, 3);
+}
