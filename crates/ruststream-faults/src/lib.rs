@@ -35,12 +35,48 @@ pub fn soak() -> usize {
 }
 
 /// The services' log: to stderr (stdout carries their lines for the test), filtered by
-/// `RUST_LOG` (default `info`).
+/// `RUST_LOG` (default `info`). A subscription that lost its connection and subscribed
+/// again (Pulsar) also prints `reconnected - 0` to stdout, for the test's tally.
 pub fn log_to_stderr() {
-    tracing_subscriber::fmt()
-        .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
-        .with_writer(std::io::stderr)
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let filter = tracing_subscriber::EnvFilter::new(
+        std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+    );
+    tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_filter(filter),
+        )
+        .with(
+            Reconnects.with_filter(tracing_subscriber::filter::filter_fn(|m| {
+                m.target().ends_with("::subscription") && *m.level() <= tracing::Level::INFO
+            })),
+        )
         .init();
+}
+
+/// Prints `reconnected - 0` when a subscription says it subscribed again.
+struct Reconnects;
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Reconnects {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Message(bool);
+        impl tracing::field::Visit for Message {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" && format!("{value:?}") == "subscribed again" {
+                    self.0 = true;
+                }
+            }
+        }
+        let mut message = Message(false);
+        event.record(&mut message);
+        if message.0 {
+            println!("reconnected - 0");
+        }
+    }
 }
 
 /// How long `fault-service`'s `hold` mode asks the first attempt to wait.
@@ -115,6 +151,9 @@ pub struct Tally {
     pub held: Vec<Line>,
     /// The most duplicates an inbox said it skipped (`skipped <count>` lines).
     pub skipped: u64,
+    /// How often a subscription lost its connection and subscribed again
+    /// (`reconnected` lines).
+    pub reconnected: usize,
 }
 
 impl Tally {
@@ -128,6 +167,10 @@ impl Tally {
         let (Some(payload), Some(attempt)) = (words.next(), words.next()) else {
             return;
         };
+        if event == "reconnected" {
+            self.reconnected += 1;
+            return;
+        }
         if event == "skipped" {
             self.skipped = self.skipped.max(payload.parse().unwrap_or(0));
             return;

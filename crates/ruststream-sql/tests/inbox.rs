@@ -332,12 +332,19 @@ async fn a_batch_is_one_transaction_and_its_repeats_are_skipped() {
         .expect("published");
     until_idle(&broker).await;
     running.stop().await;
-    assert!(calls.load(Ordering::SeqCst) >= 3, "the rolled-back batch came again");
+    assert!(
+        calls.load(Ordering::SeqCst) >= 3,
+        "the rolled-back batch came again"
+    );
     assert_eq!(
         totals(&pool, &table).await,
         (3, 13),
         "a1, a2 and a3 applied once each, after the rollback"
     );
-    assert_eq!(inbox.skipped(), 2, "the second a1 in the first batch, the late a2");
+    assert_eq!(
+        inbox.skipped(),
+        2,
+        "the second a1 in the first batch, the late a2"
+    );
     assert_eq!(recorded(&pool, &registration).await, 3);
 }
