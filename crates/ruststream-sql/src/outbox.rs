@@ -238,23 +238,40 @@ impl Relay {
         let mut listener = PgListener::connect_with(&self.pool).await?;
         listener.listen(CHANNEL).await?;
         let mut stop = std::pin::pin!(stop);
+        let mut complaints = Complaints::default();
         loop {
             let start = bucket(None);
+            let mut trouble = None;
             for i in 0..BUCKETS {
-                if let Err(e) = self.serve((start + i) % BUCKETS).await {
-                    tracing::warn!(error = %e, "outbox relay: a round failed; trying again");
-                    break;
+                match self.serve((start + i) % BUCKETS).await {
+                    Ok(None) => {}
+                    Ok(Some(refused)) => trouble = Some(refused),
+                    Err(e) => {
+                        trouble = Some(format!("the database: {e}"));
+                        break;
+                    }
                 }
             }
             self.measure().await;
+            let Some(trouble) = trouble else {
+                complaints.over();
+                tokio::select! {
+                    () = &mut stop => return Ok(()),
+                    heard = listener.recv() => {
+                        // The database away: wait a poll before asking again, not spin.
+                        if heard.is_err() {
+                            tokio::time::sleep(self.poll).await;
+                        }
+                    }
+                    () = tokio::time::sleep(self.poll) => {}
+                }
+                continue;
+            };
+            // A broker or database away: the next round after a poll, whatever the
+            // writers notify meanwhile (they would start one at every write).
+            complaints.complain(&trouble);
             tokio::select! {
                 () = &mut stop => return Ok(()),
-                heard = listener.recv() => {
-                    // The database away: wait a poll before asking again, not spin.
-                    if heard.is_err() {
-                        tokio::time::sleep(self.poll).await;
-                    }
-                }
                 () = tokio::time::sleep(self.poll) => {}
             }
         }
@@ -275,8 +292,9 @@ impl Relay {
         }
     }
 
-    /// Publishes what `bucket` holds, if no other relay serves it now.
-    async fn serve(&self, bucket: i32) -> Result<(), sqlx::Error> {
+    /// Publishes what `bucket` holds, if no other relay serves it now; why a row was not
+    /// published, if one was not (the bucket then waits for the next round).
+    async fn serve(&self, bucket: i32) -> Result<Option<String>, sqlx::Error> {
         let mut tx = self.pool.begin().await?;
         let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1, $2)")
             .bind(LOCK_SPACE)
@@ -284,7 +302,7 @@ impl Relay {
             .fetch_one(&mut *tx)
             .await?;
         if !locked {
-            return Ok(());
+            return Ok(None);
         }
         let rows = sqlx::query(
             "SELECT seq, id::text, address, key, header_names, header_values, payload \
@@ -297,6 +315,7 @@ impl Relay {
         .bind(self.batch)
         .fetch_all(&mut *tx)
         .await?;
+        let mut refused = None;
         for row in rows {
             let seq: i64 = row.try_get(0)?;
             let message = outgoing(&row)?;
@@ -308,7 +327,7 @@ impl Relay {
                 Err(_) => Some(format!("no confirmation within {:?}", self.publish_timeout)),
             };
             if let Some(error) = error {
-                tracing::warn!(seq, %error, "outbox relay: a row was not published; its bucket waits for the next round");
+                refused = Some(format!("row {seq} was not published: {error}"));
                 break;
             }
             sqlx::query("UPDATE ruststream_outbox SET sent_at = now() WHERE seq = $1")
@@ -316,7 +335,44 @@ impl Relay {
                 .execute(&mut *tx)
                 .await?;
         }
-        tx.commit().await
+        tx.commit().await?;
+        Ok(refused)
+    }
+}
+
+/// What a relay says while rounds fail: the first failure of a run at WARN, then at most
+/// one a minute with how many went to DEBUG meanwhile, and an INFO when a round works
+/// again.
+#[derive(Debug, Default)]
+struct Complaints {
+    /// When the last WARN was written, while rounds fail.
+    logged: Option<Instant>,
+    quiet: u64,
+}
+
+/// How often a relay whose rounds keep failing says so at WARN.
+const COMPLAIN_EVERY: Duration = Duration::from_secs(60);
+
+impl Complaints {
+    fn complain(&mut self, trouble: &str) {
+        if self.logged.is_some_and(|at| at.elapsed() < COMPLAIN_EVERY) {
+            self.quiet += 1;
+            tracing::debug!(%trouble, "outbox relay: a round failed; trying again after a poll");
+            return;
+        }
+        tracing::warn!(%trouble, since_last_logged = self.quiet, "outbox relay: a round failed; its rows wait, trying again after each poll");
+        self.logged = Some(Instant::now());
+        self.quiet = 0;
+    }
+
+    fn over(&mut self) {
+        if self.logged.take().is_some() {
+            tracing::info!(
+                since_last_logged = self.quiet,
+                "outbox relay: a round went through again"
+            );
+            self.quiet = 0;
+        }
     }
 }
 

@@ -418,3 +418,57 @@ async fn outbox_lag_is_a_series_and_a_reason_not_to_be_ready() {
     task.await.expect("relay task").expect("relay ran");
     running.stop().await;
 }
+
+/// A broker that refuses every publish, counting them.
+struct Refuses(AtomicUsize);
+
+impl Publish for Refuses {
+    fn publish(&self, message: Outgoing) -> BoxFuture<'_, Result<(), PublishError>> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async move {
+            Err(PublishError::new(
+                &message.address,
+                ruststream::core::PublishErrorKind::Disconnected,
+                "the broker is away",
+            ))
+        })
+    }
+}
+
+/// While the broker is away and writers keep notifying, the relay tries once a poll (not
+/// at every write) and says so once, then once a minute; it says when it goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_away_is_tried_once_a_poll_and_said_once() {
+    ruststream_test_support::capture_logs("ruststream_sql=debug");
+    let pool = own_database().await;
+    let address = unique("away");
+    let refuses = Arc::new(Refuses(AtomicUsize::new(0)));
+    let relay = Relay::new(pool.clone(), Publisher::new(refuses.clone()))
+        .poll_every(Duration::from_millis(200));
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(relay.run(async {
+        let _ = stopped.await;
+    }));
+    // A write (and its notification) every 10 ms for 2 s, all under one key.
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(2) {
+        let mut tx = pool.begin().await.expect("tx");
+        Outbox::to(&address).key("k").send(&mut tx, &1).await.expect("write");
+        tx.commit().await.expect("commit");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let _ = stop.send(());
+    task.await.expect("relay task").expect("relay ran");
+    let tried = refuses.0.load(Ordering::SeqCst);
+    assert!(
+        (2..=14).contains(&tried),
+        "tried {tried} times in 2 s with a 200 ms poll"
+    );
+    let logs = ruststream_test_support::logs();
+    let warned = logs
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("outbox relay"))
+        .count();
+    assert_eq!(warned, 1, "{logs}");
+    assert!(logs.contains("the broker is away"), "{logs}");
+}
