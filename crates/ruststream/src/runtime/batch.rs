@@ -30,7 +30,10 @@ pub(crate) async fn handle_batch<S: CallBatch>(
     members: Vec<Box<Incoming>>,
 ) -> Vec<Finished> {
     let mut finished: Vec<Option<Finished>> = (0..members.len()).map(|_| None).collect();
-    let (mut at, mut todo) = (Vec::with_capacity(members.len()), Vec::new());
+    let (mut at, mut todo) = (
+        Vec::with_capacity(members.len()),
+        Vec::with_capacity(members.len()),
+    );
     for (i, incoming) in members.into_iter().enumerate() {
         if copy::owes_dead_letter(shared, incoming.delivery()) {
             let settle = copy::dead_letter_again(shared, incoming.delivery()).await;
@@ -40,7 +43,7 @@ pub(crate) async fn handle_batch<S: CallBatch>(
             todo.push(incoming);
         }
     }
-    let (mut reruns, mut refused) = (0, Vec::new());
+    let (mut reruns, mut refused) = (0, Vec::with_capacity(todo.len()));
     while !todo.is_empty() {
         let called = shared.metrics.as_ref().map(Instruments::now);
         let members = Arc::new(Members(std::mem::take(&mut todo)));
