@@ -7,9 +7,9 @@ use ruststream::batch::Batch;
 use ruststream::core::OutcomeKind;
 use ruststream::extract::{FromDelivery, Incoming, Rejection, StateMap};
 use ruststream::{BatchOutcome, HandlerOutcome};
-use sqlx::postgres::PgConnection;
 use sqlx::{Postgres, Transaction};
 
+use crate::backend::Backend;
 use crate::inbox::{Inbox, id_of};
 
 /// The inbox of a batch registration (`on_batch`), an extractor: the app holds the
@@ -54,9 +54,9 @@ use crate::inbox::{Inbox, id_of};
 ///     .register(on_batch(broker.topic("credits"), credit));
 /// # }
 /// ```
-#[derive(Debug, Clone)]
-pub struct BatchInbox {
-    inbox: Arc<Inbox>,
+#[derive(Debug)]
+pub struct BatchInbox<DB: Backend = Postgres> {
+    inbox: Arc<Inbox<DB>>,
     registration: Arc<str>,
     transport: &'static str,
 }
@@ -71,17 +71,17 @@ enum Standing {
 
 /// A batch's inbox transaction, from [`BatchInbox::begin`].
 #[derive(Debug)]
-pub struct BatchTx {
-    tx: Transaction<'static, Postgres>,
+pub struct BatchTx<DB: Backend = Postgres> {
+    tx: Transaction<'static, DB>,
     standing: Vec<Standing>,
-    inbox: Arc<Inbox>,
+    inbox: Arc<Inbox<DB>>,
     registration: Arc<str>,
 }
 
-impl BatchInbox {
+impl<DB: Backend> BatchInbox<DB> {
     /// Begins the batch's transaction and records the id of each message in it; tells
     /// which are new through [`BatchTx::fresh`].
-    pub async fn begin<T, C>(&self, batch: &Batch<T, C>) -> Result<BatchTx, sqlx::Error> {
+    pub async fn begin<T, C>(&self, batch: &Batch<T, C>) -> Result<BatchTx<DB>, sqlx::Error> {
         let mut tx = self.inbox.pool().begin().await?;
         let mut standing = Vec::with_capacity(batch.len());
         for item in batch.iter() {
@@ -94,19 +94,8 @@ impl BatchInbox {
                     continue;
                 }
             };
-            let recorded = sqlx::query(
-                "INSERT INTO ruststream_inbox (registration, message_id) VALUES ($1, $2) \
-                 ON CONFLICT DO NOTHING",
-            )
-            .bind(&*self.registration)
-            .bind(&id)
-            .execute(&mut *tx)
-            .await?;
-            standing.push(if recorded.rows_affected() == 0 {
-                Standing::Seen
-            } else {
-                Standing::New
-            });
+            let new = DB::record(&mut tx, &self.registration, &id).await?;
+            standing.push(if new { Standing::New } else { Standing::Seen });
         }
         Ok(BatchTx {
             tx,
@@ -117,7 +106,7 @@ impl BatchInbox {
     }
 }
 
-impl BatchTx {
+impl<DB: Backend> BatchTx<DB> {
     /// Whether message `index` of the batch is new: the handler applies it. `false`
     /// for one seen before (skipped) and one without an id (retried).
     pub fn fresh(&self, index: usize) -> bool {
@@ -125,7 +114,7 @@ impl BatchTx {
     }
 
     /// The transaction's connection, for the handler's writes.
-    pub fn conn(&mut self) -> &mut PgConnection {
+    pub fn conn(&mut self) -> &mut DB::Connection {
         &mut self.tx
     }
 
@@ -161,10 +150,20 @@ impl BatchTx {
     }
 }
 
-impl FromDelivery for BatchInbox {
+impl<DB: Backend> Clone for BatchInbox<DB> {
+    fn clone(&self) -> Self {
+        Self {
+            inbox: Arc::clone(&self.inbox),
+            registration: Arc::clone(&self.registration),
+            transport: self.transport,
+        }
+    }
+}
+
+impl<DB: Backend> FromDelivery for BatchInbox<DB> {
     fn from_delivery(incoming: &Incoming) -> Result<Self, Rejection> {
         let context = incoming.context();
-        let inbox = context.state().get::<Inbox>().ok_or_else(|| {
+        let inbox = context.state().get::<Inbox<DB>>().ok_or_else(|| {
             Rejection::new(
                 "BatchInbox",
                 "the app has no Inbox: App::state(Inbox::new(pool))",
@@ -178,7 +177,7 @@ impl FromDelivery for BatchInbox {
     }
 
     fn requirement(state: &StateMap) -> Option<String> {
-        (!state.contains::<Inbox>()).then(|| {
+        (!state.contains::<Inbox<DB>>()).then(|| {
             "the handler takes a BatchInbox but the app was given no Inbox \
              (App::state(Inbox::new(pool)))"
                 .to_owned()

@@ -11,16 +11,18 @@ use ruststream::core::{Capabilities, Cause, Delivery, MESSAGE_ID_HEADER, Outcome
 use ruststream::extract::{FromDelivery, Incoming, Rejection};
 use ruststream::middleware::{Completion, Layer, Service};
 use ruststream::ops::{Reading, Watch};
-use sqlx::postgres::PgConnection;
-use sqlx::{PgPool, Postgres, Transaction};
+use sqlx::{Pool, Postgres, Transaction};
 use tokio::sync::{Mutex, MutexGuard};
 
+use crate::backend::Backend;
+
 tokio::task_local! {
-    /// The transaction of the delivery being handled, for its [`Tx`] extractor.
-    static CURRENT: Slot;
+    /// The transaction of the delivery being handled (a [`Slot`] of its database), for
+    /// its [`Tx`] extractor.
+    static CURRENT: Arc<dyn std::any::Any + Send + Sync>;
 }
 
-type Slot = Arc<Mutex<Option<Transaction<'static, Postgres>>>>;
+type Slot<DB> = Arc<Mutex<Option<Transaction<'static, DB>>>>;
 
 /// Runs a registration's handler in a PostgreSQL transaction that first records the
 /// message's id in `ruststream_inbox`:
@@ -60,16 +62,28 @@ type Slot = Arc<Mutex<Option<Transaction<'static, Postgres>>>>;
 /// let app = App::new().register(on(broker.topic("credits"), credit).layer(Inbox::new(pool)));
 /// # Ok(()) }
 /// ```
-#[derive(Debug, Clone)]
-pub struct Inbox {
-    pool: PgPool,
+///
+/// On SQLite (`Inbox::new(sqlite_pool)`, its table by [`migrate_sqlite`](crate::migrate_sqlite)) the
+/// inbox works the same; the outbox is PostgreSQL's only.
+#[derive(Debug)]
+pub struct Inbox<DB: Backend = Postgres> {
+    pool: Pool<DB>,
     /// Deliveries skipped as seen before, per registration.
     skipped: Arc<std::sync::Mutex<BTreeMap<String, u64>>>,
 }
 
-impl Inbox {
+impl<DB: Backend> Clone for Inbox<DB> {
+    fn clone(&self) -> Self {
+        Self {
+            pool: self.pool.clone(),
+            skipped: Arc::clone(&self.skipped),
+        }
+    }
+}
+
+impl<DB: Backend> Inbox<DB> {
     /// An inbox in `pool`'s database (its tables made by [`migrate`](crate::migrate)).
-    pub fn new(pool: PgPool) -> Self {
+    pub fn new(pool: Pool<DB>) -> Self {
         Self {
             pool,
             skipped: Arc::default(),
@@ -87,7 +101,7 @@ impl Inbox {
         }
     }
 
-    pub(crate) fn pool(&self) -> &PgPool {
+    pub(crate) fn pool(&self) -> &Pool<DB> {
         &self.pool
     }
 
@@ -99,20 +113,13 @@ impl Inbox {
     /// redelivered after its id was pruned is handled again, so keep the horizon well
     /// past the longest redelivery (a week is the documented default).
     pub async fn prune(&self, horizon: Duration) -> Result<u64, sqlx::Error> {
-        let seconds = horizon.as_secs_f64();
-        let deleted = sqlx::query(
-            "DELETE FROM ruststream_inbox WHERE received_at < now() - make_interval(secs => $1)",
-        )
-        .bind(seconds)
-        .execute(&self.pool)
-        .await?;
-        Ok(deleted.rows_affected())
+        DB::prune(&self.pool, horizon).await
     }
 }
 
 /// `ruststream_inbox_skipped_total{registration}`: deliveries skipped as seen before.
 /// `App::new().watch(Arc::new(inbox.clone()))` serves it.
-impl Watch for Inbox {
+impl<DB: Backend> Watch for Inbox<DB> {
     fn readings(&self) -> Vec<Reading> {
         self.counts()
             .iter()
@@ -131,10 +138,10 @@ impl Watch for Inbox {
 /// What pruning keeps unless told otherwise: a week of ids.
 pub const DEFAULT_HORIZON: Duration = Duration::from_secs(7 * 24 * 3600);
 
-impl<S: Service> Layer<S> for Inbox {
-    type Service = InboxService<S>;
+impl<S: Service, DB: Backend> Layer<S> for Inbox<DB> {
+    type Service = InboxService<S, DB>;
 
-    fn layer(&self, inner: S) -> InboxService<S> {
+    fn layer(&self, inner: S) -> InboxService<S, DB> {
         InboxService {
             inner,
             inbox: self.clone(),
@@ -160,12 +167,12 @@ impl<S: Service> Layer<S> for Inbox {
 
 /// A handler behind an [`Inbox`].
 #[derive(Debug)]
-pub struct InboxService<S> {
+pub struct InboxService<S, DB: Backend = Postgres> {
     inner: S,
-    inbox: Inbox,
+    inbox: Inbox<DB>,
 }
 
-impl<S: Service> Service for InboxService<S> {
+impl<S: Service, DB: Backend> Service for InboxService<S, DB> {
     async fn call(&self, incoming: &Incoming) -> Completion {
         let registration = incoming.context().registration();
         let id = match message_id(incoming) {
@@ -179,17 +186,9 @@ impl<S: Service> Service for InboxService<S> {
             Ok(tx) => tx,
             Err(e) => return failed("beginning the inbox transaction", e),
         };
-        let recorded = sqlx::query(
-            "INSERT INTO ruststream_inbox (registration, message_id) VALUES ($1, $2) \
-             ON CONFLICT DO NOTHING",
-        )
-        .bind(registration)
-        .bind(&id)
-        .execute(&mut *tx)
-        .await;
-        match recorded {
+        match DB::record(&mut tx, registration, &id).await {
             Err(e) => return failed("recording the message in the inbox", e),
-            Ok(done) if done.rows_affected() == 0 => {
+            Ok(false) => {
                 tracing::debug!(registration, message_id = %id, "inbox: seen before; skipped and acknowledged");
                 *self
                     .inbox
@@ -198,13 +197,14 @@ impl<S: Service> Service for InboxService<S> {
                     .or_default() += 1;
                 return Completion::Outcome(HandlerOutcome::ack());
             }
-            Ok(_) => {}
+            Ok(true) => {}
         }
-        let slot: Slot = Arc::new(Mutex::new(Some(tx)));
+        let slot: Slot<DB> = Arc::new(Mutex::new(Some(tx)));
+        let current: Arc<dyn std::any::Any + Send + Sync> = slot.clone();
         // A handler's extractors run when its future is made (a `Tx` among them), its body
         // when polled: both see the transaction.
-        let handled = CURRENT.sync_scope(Arc::clone(&slot), || self.inner.call(incoming));
-        let completion = CURRENT.scope(Arc::clone(&slot), handled).await;
+        let handled = CURRENT.sync_scope(Arc::clone(&current), || self.inner.call(incoming));
+        let completion = CURRENT.scope(current, handled).await;
         let Some(tx) = slot.lock().await.take() else {
             return completion;
         };
@@ -258,45 +258,62 @@ pub(crate) fn id_of(delivery: &Delivery, transport: &str) -> Result<String, Stri
 
 /// The inbox transaction of the delivery being handled, for the handler's own writes:
 /// `sqlx::query(..).execute(&mut *tx.lock().await)`. Only in a registration behind an
-/// [`Inbox`]; anywhere else the delivery is refused, saying so.
-#[derive(Debug, Clone)]
-pub struct Tx(Slot);
+/// [`Inbox`] of the same database (`Tx<Sqlite>` behind an SQLite inbox); anywhere else
+/// the delivery is refused, saying so.
+#[derive(Debug)]
+pub struct Tx<DB: Backend = Postgres>(Slot<DB>);
 
-impl Tx {
+impl<DB: Backend> Clone for Tx<DB> {
+    fn clone(&self) -> Self {
+        Self(Arc::clone(&self.0))
+    }
+}
+
+impl<DB: Backend> Tx<DB> {
     /// The transaction's connection, for one query or several.
-    pub async fn lock(&self) -> TxGuard<'_> {
+    pub async fn lock(&self) -> TxGuard<'_, DB> {
         TxGuard(self.0.lock().await)
     }
 }
 
 /// A locked [`Tx`]: derefs to the transaction's connection.
-pub struct TxGuard<'a>(MutexGuard<'a, Option<Transaction<'static, Postgres>>>);
+pub struct TxGuard<'a, DB: Backend = Postgres>(MutexGuard<'a, Option<Transaction<'static, DB>>>);
 
-impl std::ops::Deref for TxGuard<'_> {
-    type Target = PgConnection;
+impl<DB: Backend> std::ops::Deref for TxGuard<'_, DB> {
+    type Target = DB::Connection;
 
-    fn deref(&self) -> &PgConnection {
+    fn deref(&self) -> &DB::Connection {
         self.0
             .as_deref()
             .expect("the inbox transaction is open while the handler runs")
     }
 }
 
-impl std::ops::DerefMut for TxGuard<'_> {
-    fn deref_mut(&mut self) -> &mut PgConnection {
+impl<DB: Backend> std::ops::DerefMut for TxGuard<'_, DB> {
+    fn deref_mut(&mut self) -> &mut DB::Connection {
         self.0
             .as_deref_mut()
             .expect("the inbox transaction is open while the handler runs")
     }
 }
 
-impl FromDelivery for Tx {
+impl<DB: Backend> FromDelivery for Tx<DB> {
     fn from_delivery(_incoming: &Incoming) -> Result<Self, Rejection> {
-        CURRENT.try_with(|slot| Tx(Arc::clone(slot))).map_err(|_| {
+        let current = CURRENT.try_with(Arc::clone).map_err(|_| {
             Rejection::new(
                 "Tx",
                 "no inbox transaction: add `.layer(Inbox::new(pool))` to this registration",
             )
-        })
+        })?;
+        current
+            .downcast::<Mutex<Option<Transaction<'static, DB>>>>()
+            .map(Tx)
+            .map_err(|_| {
+                Rejection::new(
+                    "Tx",
+                    "the registration's inbox is on another database than this Tx's \
+                 (Tx<Postgres> behind an SQLite inbox, or the reverse)",
+                )
+            })
     }
 }

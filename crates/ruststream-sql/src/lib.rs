@@ -18,13 +18,15 @@
 // No function over 80 lines of code (clippy.toml), in library code (ARCHITECTURE.md).
 #![deny(clippy::too_many_lines)]
 
+mod backend;
 mod batch;
 mod inbox;
 mod outbox;
 mod schema;
 
+pub use backend::Backend;
 pub use batch::{BatchInbox, BatchTx};
 pub use inbox::{DEFAULT_HORIZON, Inbox, InboxService, Tx, TxGuard};
 pub use outbox::{BUCKETS, DEFAULT_MAX_LAG, DEFAULT_PUBLISH_TIMEOUT, Outbox, OutboxMessage, Relay};
-pub use schema::{SCHEMA, migrate};
+pub use schema::{SCHEMA, SQLITE_SCHEMA, migrate, migrate_sqlite};
 pub use sqlx;

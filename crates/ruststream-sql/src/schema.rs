@@ -1,7 +1,7 @@
 //! The tables, created by [`migrate`](crate::migrate) (or by your own migrations: the SQL
 //! is [`SCHEMA`]).
 
-use sqlx::PgPool;
+use sqlx::{PgPool, SqlitePool};
 
 /// The SQL that creates the inbox and outbox tables and their indexes; idempotent.
 pub const SCHEMA: &str = r#"
@@ -28,6 +28,25 @@ CREATE TABLE IF NOT EXISTS ruststream_outbox (
 CREATE INDEX IF NOT EXISTS ruststream_outbox_unsent
     ON ruststream_outbox (bucket, seq) WHERE sent_at IS NULL;
 "#;
+
+/// The SQL that creates the inbox table on SQLite (the outbox is PostgreSQL's only);
+/// idempotent. `received_at` is seconds since the Unix epoch.
+pub const SQLITE_SCHEMA: &str = r#"
+CREATE TABLE IF NOT EXISTS ruststream_inbox (
+    registration text NOT NULL,
+    message_id   text NOT NULL,
+    received_at  real NOT NULL DEFAULT (unixepoch('subsec')),
+    PRIMARY KEY (registration, message_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS ruststream_inbox_received ON ruststream_inbox (received_at);
+"#;
+
+/// Creates the inbox table on SQLite when missing ([`SQLITE_SCHEMA`]; the outbox is
+/// PostgreSQL's only).
+pub async fn migrate_sqlite(pool: &SqlitePool) -> Result<(), sqlx::Error> {
+    sqlx::raw_sql(SQLITE_SCHEMA).execute(pool).await?;
+    Ok(())
+}
 
 /// Creates the tables when missing (safe to run at every start, by several processes).
 pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::Error> {

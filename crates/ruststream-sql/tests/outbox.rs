@@ -453,7 +453,11 @@ async fn a_broker_away_is_tried_once_a_poll_and_said_once() {
     let started = Instant::now();
     while started.elapsed() < Duration::from_secs(2) {
         let mut tx = pool.begin().await.expect("tx");
-        Outbox::to(&address).key("k").send(&mut tx, &1).await.expect("write");
+        Outbox::to(&address)
+            .key("k")
+            .send(&mut tx, &1)
+            .await
+            .expect("write");
         tx.commit().await.expect("commit");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
