@@ -26,6 +26,7 @@ pages! {
     RedisStreams => "redis.md",
     ConnectingSecurely => "connecting-securely.md",
     Testing => "testing.md",
+    TestingUnderFaults => "testing-under-faults.md",
     Operating => "operating.md",
     AsyncApi => "asyncapi.md",
     Cli => "cli.md",

@@ -15,6 +15,8 @@ pub(crate) struct Stored {
     pub(crate) headers: Headers,
     pub(crate) key: Option<Bytes>,
     pub(crate) sequence: u64,
+    /// Deliveries counted before this one (a simulated redelivery; 0 otherwise).
+    pub(crate) earlier: u32,
 }
 
 /// Where an entry is.
@@ -84,8 +86,8 @@ impl Queues {
             }
         };
         let slot = &mut self.slots[index as usize];
+        slot.delivered = message.earlier;
         slot.message = message;
-        slot.delivered = 0;
         slot.state = State::Ready;
         self.held += 1;
         self.ready.push_back(index);
@@ -446,6 +448,7 @@ mod tests {
             headers: ruststream_core::Headers::new(),
             key: None,
             sequence,
+            earlier: 0,
         }
     }
 

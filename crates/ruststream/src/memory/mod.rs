@@ -146,11 +146,18 @@ impl MemoryBroker {
 
     /// Publishes, waiting while a group is full.
     pub async fn publish(&self, message: Outgoing) {
+        self.publish_counted(message, 0).await;
+    }
+
+    /// Publishes `message` as one delivered `earlier` times before (a simulated
+    /// redelivery: the broker counts its attempts on from there).
+    pub(crate) async fn publish_counted(&self, message: Outgoing, earlier: u32) {
         let stored = Stored {
             payload: message.payload.clone(),
             headers: message.headers.clone(),
             key: message.key.clone(),
             sequence: self.inner.sequence.fetch_add(1, Ordering::Relaxed),
+            earlier,
         };
         // Common case without waiting: every group has room, all done under one lock
         // and without allocating. Full groups are collected and waited for after.

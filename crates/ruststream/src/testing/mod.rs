@@ -43,6 +43,9 @@ use crate::middleware::Completion;
 use crate::publisher::Publisher;
 use crate::runtime::mount::{Handled, Observe};
 
+#[cfg(feature = "sim")]
+pub mod sim;
+
 /// How long [`TestApp::settled`] waits, in (virtual) time, before it gives up.
 pub const SETTLE_LIMIT: Duration = Duration::from_secs(3600);
 

@@ -1,0 +1,337 @@
+//! Seeded fault schedules: a service's real [`App`] on the memory broker, fed its inputs
+//! one step at a time while a seeded scheduler injects what the chosen broker may
+//! legally do, with the service's own invariants checked after every step.
+//!
+//! This first form runs **sequential** schedules: one input (or one fault) per step,
+//! each step run until the app is idle, under tokio's paused clock. With one message in
+//! flight at a time the run does not depend on how tasks interleave, so a seed replays
+//! exactly ([`Simulation::run`]). What a profile injects:
+//!
+//! | profile | besides delivering the next input |
+//! |---|---|
+//! | Kafka | a crash after some records were handled and before their offsets were committed: the service restarts and every record since the last commit comes again, in order (K5) |
+//! | JetStream, RabbitMQ, Redis Streams, Pulsar, memory | a crash after a handler finished and before its acknowledgement landed: the service restarts and the message comes again as the next attempt (N, R, S, P) |
+//! | Core NATS | a message lost (at most once, N-Core): never delivered |
+//!
+//! Not yet: several messages in flight at once (reordering across keys, rebalances
+//! mid-batch), refused publishes and handler stalls; see the guide's "Testing under
+//! faults".
+//!
+//! ```
+//! use std::collections::HashMap;
+//! use std::sync::{Arc, Mutex};
+//! use ruststream::testing::sim::{Profile, Simulation};
+//! use ruststream::{App, HandlerOutcome, Message, State, on};
+//!
+//! // The service's state: shared by the app's handlers and the invariants (a clone
+//! // shares the map), kept across the restarts of one schedule as a database would.
+//! #[derive(Clone, Default)]
+//! struct Ledger(Arc<Mutex<HashMap<u64, u32>>>);
+//!
+//! // Charges an order each time it sees it: not idempotent.
+//! async fn charge(Message(order): Message<u64>, State(ledger): State<Ledger>) -> HandlerOutcome {
+//!     *ledger.0.lock().unwrap().entry(order).or_default() += 1;
+//!     HandlerOutcome::ack()
+//! }
+//!
+//! let sim = Simulation::new(Profile::JetStream, Ledger::default, |broker, ledger| {
+//!     App::new().state(Ledger::clone(&ledger)).register(on(broker.topic("orders"), charge))
+//! })
+//! .inputs("orders", (0..20_u64).map(|n| serde_json::to_vec(&n).unwrap()))
+//! .invariant("charged at most once", |ledger: &Ledger, _| {
+//!     match ledger.0.lock().unwrap().iter().find(|(_, n)| **n > 1) {
+//!         Some((order, n)) => Err(format!("order {order} charged {n} times")),
+//!         None => Ok(()),
+//!     }
+//! });
+//! let failure = sim.check(0..100).expect_err("a redelivery charges twice");
+//! assert!(failure.to_string().contains("charged 2 times"));
+//! // The same seed replays the same schedule.
+//! assert_eq!(sim.run(failure.seed).unwrap_err().trace, failure.trace);
+//! ```
+
+use std::fmt;
+use std::ops::Range;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use ruststream_core::{MESSAGE_ID_HEADER, Outgoing};
+
+use super::TestApp;
+use crate::app::App;
+use crate::memory::MemoryBroker;
+
+/// What the simulated broker may do besides delivering: one per transport's rules.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Profile {
+    /// Crash before the offsets of the last records were committed: they come again.
+    Kafka,
+    /// Crash before an acknowledgement landed: the message comes again.
+    JetStream,
+    /// As JetStream (a delivery unacknowledged when the channel dies comes back).
+    RabbitMq,
+    /// As JetStream (a pending entry is claimed again).
+    Redis,
+    /// As JetStream (an unacknowledged message comes back on reconnect).
+    Pulsar,
+    /// A message may be lost; nothing comes again.
+    CoreNats,
+    /// As JetStream.
+    Memory,
+}
+
+type Check<S> = Box<dyn Fn(&S, &MemoryBroker) -> Result<(), String> + Send + Sync>;
+
+/// What makes the service's app over a broker and its state.
+type MakeApp<S> = Box<dyn Fn(&MemoryBroker, Arc<S>) -> App + Send + Sync>;
+
+/// A service's app, its state and inputs, and the invariants its schedules must keep.
+pub struct Simulation<S> {
+    profile: Profile,
+    state: Box<dyn Fn() -> S + Send + Sync>,
+    app: MakeApp<S>,
+    address: String,
+    inputs: Vec<Bytes>,
+    invariants: Vec<(String, Check<S>)>,
+    finally: Vec<(String, Check<S>)>,
+}
+
+/// The steps a schedule took, one line each.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Trace(pub Vec<String>);
+
+impl fmt::Display for Trace {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, step) in self.0.iter().enumerate() {
+            writeln!(f, "  {:>3}. {step}", i + 1)?;
+        }
+        Ok(())
+    }
+}
+
+/// A schedule that broke an invariant: its seed (replay it with [`Simulation::run`]),
+/// which invariant, why, and the steps up to there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// The schedule's seed.
+    pub seed: u64,
+    /// The invariant's name.
+    pub invariant: String,
+    /// What the invariant said.
+    pub why: String,
+    /// The steps, the last one the step after which the invariant broke.
+    pub trace: Trace,
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "seed {} broke `{}`: {}\nsteps:",
+            self.seed, self.invariant, self.why
+        )?;
+        write!(f, "{}", self.trace)
+    }
+}
+
+impl std::error::Error for Failure {}
+
+/// A small seeded generator (xorshift64* over a splitmix start): the only source of
+/// choices in a schedule.
+struct Draw(u64);
+
+impl Draw {
+    fn new(seed: u64) -> Self {
+        let mut z = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        Self((z ^ (z >> 31)) | 1)
+    }
+
+    /// A number below `n` (n > 0).
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % n
+    }
+}
+
+impl<S: Send + Sync + 'static> Simulation<S> {
+    /// A simulation under `profile` of the app `app` makes over a broker and the
+    /// service's state; `state` makes that state afresh for each schedule (it outlives
+    /// the app's restarts within one, as a database would).
+    pub fn new(
+        profile: Profile,
+        state: impl Fn() -> S + Send + Sync + 'static,
+        app: impl Fn(&MemoryBroker, Arc<S>) -> App + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            profile,
+            state: Box::new(state),
+            app: Box::new(app),
+            address: String::new(),
+            inputs: Vec::new(),
+            invariants: Vec::new(),
+            finally: Vec::new(),
+        }
+    }
+
+    /// The messages each schedule publishes to `address`, in order (payloads as the
+    /// registration decodes them). Each carries `x-ruststream-id: m-<index>`.
+    #[must_use]
+    pub fn inputs(
+        mut self,
+        address: &str,
+        payloads: impl IntoIterator<Item = impl Into<Bytes>>,
+    ) -> Self {
+        self.address = address.to_owned();
+        self.inputs = payloads.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// An invariant checked after every step, over the state and the broker (what the
+    /// app published: [`MemoryBroker::published`] on a recording broker).
+    #[must_use]
+    pub fn invariant(
+        mut self,
+        name: &str,
+        check: impl Fn(&S, &MemoryBroker) -> Result<(), String> + Send + Sync + 'static,
+    ) -> Self {
+        self.invariants.push((name.to_owned(), Box::new(check)));
+        self
+    }
+
+    /// An invariant checked once every input was delivered and the app is idle.
+    #[must_use]
+    pub fn finally(
+        mut self,
+        name: &str,
+        check: impl Fn(&S, &MemoryBroker) -> Result<(), String> + Send + Sync + 'static,
+    ) -> Self {
+        self.finally.push((name.to_owned(), Box::new(check)));
+        self
+    }
+
+    /// Runs the schedules of `seeds` in order; the first failure, or how many ran.
+    pub fn check(&self, seeds: Range<u64>) -> Result<u64, Failure> {
+        let count = seeds.end.saturating_sub(seeds.start);
+        for seed in seeds {
+            self.run(seed)?;
+        }
+        Ok(count)
+    }
+
+    /// Runs the schedule of `seed` (on a runtime of its own, its clock paused): its
+    /// steps, or how it broke an invariant. The same seed gives the same steps.
+    ///
+    /// # Panics
+    ///
+    /// Inside another tokio runtime (the simulation owns its own), or when the app
+    /// does not start.
+    pub fn run(&self, seed: u64) -> Result<Trace, Failure> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .expect("a runtime for the simulation");
+        runtime.block_on(self.schedule(seed))
+    }
+
+    async fn schedule(&self, seed: u64) -> Result<Trace, Failure> {
+        let mut draw = Draw::new(seed);
+        let mut trace = Trace::default();
+        let broker = MemoryBroker::recording();
+        let state = Arc::new((self.state)());
+        let mut test = self.start(&broker, &state).await;
+        // Kafka: inputs delivered since the last commit, which a crash brings back.
+        let mut uncommitted: Vec<usize> = Vec::new();
+        for index in 0..self.inputs.len() {
+            let fault = draw.below(4) == 0;
+            match self.profile {
+                Profile::CoreNats if fault => {
+                    trace.0.push(format!("#{index} lost (at most once)"));
+                }
+                _ => {
+                    self.deliver(&test, index, 0).await;
+                    trace.0.push(format!("deliver #{index}"));
+                }
+            }
+            self.checked(seed, &trace, &state, &broker, &self.invariants)?;
+            if !fault || self.profile == Profile::CoreNats {
+                uncommitted.push(index);
+                if self.profile == Profile::Kafka && draw.below(3) == 0 {
+                    uncommitted.clear();
+                    trace.0.push("offsets committed".to_owned());
+                }
+                continue;
+            }
+            // A crash before the settlement landed: restart, and what the broker still
+            // holds comes again as the next attempt.
+            test.stop().await;
+            test = self.start(&broker, &state).await;
+            let again: Vec<usize> = if self.profile == Profile::Kafka {
+                uncommitted.push(index);
+                uncommitted.clone()
+            } else {
+                vec![index]
+            };
+            for &i in &again {
+                self.deliver(&test, i, 1).await;
+            }
+            let list: Vec<String> = again.iter().map(|i| format!("#{i}")).collect();
+            trace.0.push(format!(
+                "crash before {} settled; restarted; {} delivered again",
+                list.join(", "),
+                list.join(", ")
+            ));
+            uncommitted.clear();
+            self.checked(seed, &trace, &state, &broker, &self.invariants)?;
+        }
+        test.settled().await;
+        trace.0.push("idle".to_owned());
+        self.checked(seed, &trace, &state, &broker, &self.finally)?;
+        test.stop().await;
+        Ok(trace)
+    }
+
+    async fn start(&self, broker: &MemoryBroker, state: &Arc<S>) -> TestApp {
+        let app = (self.app)(broker, Arc::clone(state));
+        TestApp::start(app, broker)
+            .await
+            .unwrap_or_else(|e| panic!("the simulated app does not start: {e}"))
+    }
+
+    /// Publishes input `index` (a redelivery counted as delivered `earlier` times, as the
+    /// broker would count it) and runs until the app is idle.
+    async fn deliver(&self, test: &TestApp, index: usize, earlier: u32) {
+        let mut message = Outgoing::new(self.address.clone(), self.inputs[index].clone());
+        message
+            .headers
+            .insert(MESSAGE_ID_HEADER, format!("m-{index}"));
+        test.broker().publish_counted(message, earlier).await;
+        test.settled().await;
+    }
+
+    fn checked(
+        &self,
+        seed: u64,
+        trace: &Trace,
+        state: &S,
+        broker: &MemoryBroker,
+        checks: &[(String, Check<S>)],
+    ) -> Result<(), Failure> {
+        for (name, check) in checks {
+            if let Err(why) = check(state, broker) {
+                return Err(Failure {
+                    seed,
+                    invariant: name.clone(),
+                    why,
+                    trace: trace.clone(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
