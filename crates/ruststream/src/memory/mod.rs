@@ -20,10 +20,10 @@ mod group;
 mod topic;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use ruststream_core::{BoxFuture, Outgoing, Publish, PublishError};
+use ruststream_core::{BoxFuture, Outgoing, Publish, PublishError, PublishErrorKind};
 
 pub use topic::{MemorySubscription, MemoryTopic};
 
@@ -45,6 +45,8 @@ struct Inner {
     capacity: usize,
     sequence: AtomicU64,
     recording: bool,
+    /// How many of the next publishes through [`Publish`] to refuse (simulated faults).
+    refusing: AtomicU32,
 }
 
 #[derive(Debug, Default)]
@@ -85,6 +87,7 @@ impl MemoryBroker {
                 capacity,
                 sequence: AtomicU64::new(1),
                 recording,
+                refusing: AtomicU32::new(0),
             }),
         }
     }
@@ -187,9 +190,35 @@ impl MemoryBroker {
     }
 }
 
+impl MemoryBroker {
+    /// Refuses the next `count` publishes made through [`Publish`] (a handler's
+    /// publisher, the runtime's copies) as a broker gone away would; 0 stops refusing.
+    #[cfg(feature = "sim")]
+    pub(crate) fn refuse_next(&self, count: u32) {
+        self.inner.refusing.store(count, Ordering::Relaxed);
+    }
+
+    /// Takes one refusal, if any is due.
+    fn refused(&self) -> bool {
+        self.inner.refusing.load(Ordering::Relaxed) > 0
+            && self
+                .inner
+                .refusing
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+                .is_ok()
+    }
+}
+
 impl Publish for MemoryBroker {
     fn publish(&self, message: Outgoing) -> BoxFuture<'_, Result<(), PublishError>> {
         Box::pin(async move {
+            if self.refused() {
+                return Err(PublishError::new(
+                    &message.address,
+                    PublishErrorKind::Disconnected,
+                    "refused by the simulated broker (testing::sim)",
+                ));
+            }
             MemoryBroker::publish(self, message).await;
             Ok(())
         })

@@ -9,12 +9,13 @@
 //!
 //! | profile | besides delivering the next input |
 //! |---|---|
-//! | Kafka | a crash after some records were handled and before their offsets were committed: the service restarts and every record since the last commit comes again, in order (K5) |
-//! | JetStream, RabbitMQ, Redis Streams, Pulsar, memory | a crash after a handler finished and before its acknowledgement landed: the service restarts and the message comes again as the next attempt (N, R, S, P) |
+//! | Kafka | a crash after some records were handled and before their offsets were committed: the service restarts and every record since the last commit comes again, in order (K5); a producer's duplicate |
+//! | JetStream, RabbitMQ, Redis Streams, Pulsar, memory | a crash after a handler finished and before its acknowledgement landed: the service restarts and the message comes again as the next attempt (N, R, S, P); a producer's duplicate |
 //! | Core NATS | a message lost (at most once, N-Core): never delivered |
+//! | every profile | the first publish while an input runs refused, as by a broker gone away (`PublishErrorKind::Disconnected`): a handler's own publish, or the runtime's retry copy or dead letter |
 //!
 //! Not yet: several messages in flight at once (reordering across keys, rebalances
-//! mid-batch), refused publishes and handler stalls; see the guide's "Testing under
+//! mid-batch), permanent refusals and handler stalls; see the guide's "Testing under
 //! faults".
 //!
 //! ```
@@ -137,6 +138,20 @@ impl fmt::Display for Failure {
 
 impl std::error::Error for Failure {}
 
+/// One step of a schedule, besides delivering the next input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    Deliver,
+    /// Core NATS: the input is never delivered.
+    Lose,
+    /// A crash before the input's settlement landed (at least once).
+    Crash,
+    /// The producer publishes the input twice (at least once).
+    Duplicate,
+    /// The first publish while the input runs is refused.
+    Refuse,
+}
+
 /// A small seeded generator (xorshift64* over a splitmix start): the only source of
 /// choices in a schedule.
 struct Draw(u64);
@@ -247,46 +262,51 @@ impl<S: Send + Sync + 'static> Simulation<S> {
         let mut test = self.start(&broker, &state).await;
         // Kafka: inputs delivered since the last commit, which a crash brings back.
         let mut uncommitted: Vec<usize> = Vec::new();
+        let at_least_once = self.profile != Profile::CoreNats;
         for index in 0..self.inputs.len() {
-            let fault = draw.below(4) == 0;
-            match self.profile {
-                Profile::CoreNats if fault => {
-                    trace.0.push(format!("#{index} lost (at most once)"));
-                }
-                _ => {
-                    self.deliver(&test, index, 0).await;
-                    trace.0.push(format!("deliver #{index}"));
-                }
+            let step = match draw.below(8) {
+                0 | 1 if !at_least_once => Step::Lose,
+                0 | 1 => Step::Crash,
+                2 if at_least_once => Step::Duplicate,
+                3 => Step::Refuse,
+                _ => Step::Deliver,
+            };
+            if step == Step::Lose {
+                trace.0.push(format!("#{index} lost (at most once)"));
+                self.checked(seed, &trace, &state, &broker, &self.invariants)?;
+                continue;
             }
+            if step == Step::Refuse {
+                broker.refuse_next(1);
+            }
+            self.deliver(&test, index, 0).await;
+            broker.refuse_next(0);
+            trace.0.push(match step {
+                Step::Refuse => format!(
+                    "deliver #{index}; the first publish while it runs refused (broker away)"
+                ),
+                _ => format!("deliver #{index}"),
+            });
+            uncommitted.push(index);
             self.checked(seed, &trace, &state, &broker, &self.invariants)?;
-            if !fault || self.profile == Profile::CoreNats {
-                uncommitted.push(index);
-                if self.profile == Profile::Kafka && draw.below(3) == 0 {
+            match step {
+                Step::Crash => {
+                    test = self
+                        .crash(test, &broker, &state, &mut uncommitted, &mut trace)
+                        .await;
+                }
+                Step::Duplicate => {
+                    self.deliver(&test, index, 0).await;
+                    trace.0.push(format!(
+                        "#{index} published again by its producer (a duplicate)"
+                    ));
+                }
+                _ if self.profile == Profile::Kafka && draw.below(3) == 0 => {
                     uncommitted.clear();
                     trace.0.push("offsets committed".to_owned());
                 }
-                continue;
+                _ => continue,
             }
-            // A crash before the settlement landed: restart, and what the broker still
-            // holds comes again as the next attempt.
-            test.stop().await;
-            test = self.start(&broker, &state).await;
-            let again: Vec<usize> = if self.profile == Profile::Kafka {
-                uncommitted.push(index);
-                uncommitted.clone()
-            } else {
-                vec![index]
-            };
-            for &i in &again {
-                self.deliver(&test, i, 1).await;
-            }
-            let list: Vec<String> = again.iter().map(|i| format!("#{i}")).collect();
-            trace.0.push(format!(
-                "crash before {} settled; restarted; {} delivered again",
-                list.join(", "),
-                list.join(", ")
-            ));
-            uncommitted.clear();
             self.checked(seed, &trace, &state, &broker, &self.invariants)?;
         }
         test.settled().await;
@@ -294,6 +314,37 @@ impl<S: Send + Sync + 'static> Simulation<S> {
         self.checked(seed, &trace, &state, &broker, &self.finally)?;
         test.stop().await;
         Ok(trace)
+    }
+
+    /// A crash before the settlement of the last input landed: the service restarts and
+    /// what the broker still holds comes again as its next attempt (Kafka: everything
+    /// since the last commit, in order).
+    async fn crash(
+        &self,
+        test: TestApp,
+        broker: &MemoryBroker,
+        state: &Arc<S>,
+        uncommitted: &mut Vec<usize>,
+        trace: &mut Trace,
+    ) -> TestApp {
+        test.stop().await;
+        let test = self.start(broker, state).await;
+        let again: Vec<usize> = if self.profile == Profile::Kafka {
+            std::mem::take(uncommitted)
+        } else {
+            uncommitted.pop().into_iter().collect()
+        };
+        uncommitted.clear();
+        for &i in &again {
+            self.deliver(&test, i, 1).await;
+        }
+        let list: Vec<String> = again.iter().map(|i| format!("#{i}")).collect();
+        trace.0.push(format!(
+            "crash before {} settled; restarted; {} delivered again",
+            list.join(", "),
+            list.join(", ")
+        ));
+        test
     }
 
     async fn start(&self, broker: &MemoryBroker, state: &Arc<S>) -> TestApp {
