@@ -265,3 +265,59 @@ fn a_refused_publish_the_handler_ignores_is_caught() {
         .check(0..1_000)
         .expect("retrying on a refusal confirms every order");
 }
+
+/// Inputs of different keys may swap places, two of one key never do.
+#[test]
+fn keys_keep_their_order_and_only_different_keys_swap() {
+    #[derive(Clone, Default)]
+    struct Order(Arc<Mutex<Vec<u64>>>);
+    async fn record(Message(n): Message<u64>, State(seen): State<Order>) -> HandlerOutcome {
+        seen.0.lock().unwrap().push(n);
+        HandlerOutcome::ack()
+    }
+    let inputs = (0..30_u64).map(|n| (format!("k{}", n % 3), serde_json::to_vec(&n).unwrap()));
+    let sim = |profile| {
+        Simulation::new(profile, Order::default, |broker, seen| {
+            App::new()
+                .state(Order::clone(&seen))
+                .register(on(broker.topic("orders"), record))
+        })
+        .keyed_inputs("orders", inputs.clone())
+    };
+    for profile in [Profile::Kafka, Profile::JetStream, Profile::CoreNats] {
+        sim(profile)
+            .invariant("per key in order", |seen: &Order, _| {
+                let seen = seen.0.lock().unwrap();
+                for key in 0..3 {
+                    let of_key: Vec<u64> = seen.iter().copied().filter(|n| n % 3 == key).collect();
+                    // First deliveries of a key in order (a redelivery or duplicate repeats one).
+                    let firsts: Vec<u64> = of_key.iter().copied().fold(Vec::new(), |mut v, n| {
+                        if !v.contains(&n) {
+                            v.push(n);
+                        }
+                        v
+                    });
+                    if firsts.windows(2).any(|w| w[0] > w[1]) {
+                        return Err(format!("key k{key} out of order: {of_key:?}"));
+                    }
+                }
+                Ok(())
+            })
+            .check(0..500)
+            .expect("a key keeps its order");
+    }
+    let failure = sim(Profile::JetStream)
+        .invariant("all in order", |seen: &Order, _| {
+            let seen = seen.0.lock().unwrap();
+            match seen.windows(2).find(|w| w[1] < w[0] && w[0] != w[1]) {
+                Some(w) => Err(format!("{} after {}", w[1], w[0])),
+                None => Ok(()),
+            }
+        })
+        .check(0..500)
+        .expect_err("different keys swap");
+    assert!(
+        failure.to_string().contains("(different keys)"),
+        "{failure}"
+    );
+}

@@ -9,14 +9,15 @@
 //!
 //! | profile | besides delivering the next input |
 //! |---|---|
-//! | Kafka | a crash after some records were handled and before their offsets were committed: the service restarts and every record since the last commit comes again, in order (K5); a producer's duplicate |
+//! | Kafka | a crash after some records were handled and before their offsets were committed: the service restarts and every record since the last commit comes again, in order (K5); a rebalance, the same records again without a restart; a producer's duplicate |
 //! | JetStream, RabbitMQ, Redis Streams, Pulsar, memory | a crash after a handler finished and before its acknowledgement landed: the service restarts and the message comes again as the next attempt (N, R, S, P); a producer's duplicate |
 //! | Core NATS | a message lost (at most once, N-Core): never delivered |
 //! | every profile | the first publish while an input runs refused, as by a broker gone away (`PublishErrorKind::Disconnected`): a handler's own publish, or the runtime's retry copy or dead letter |
 //!
-//! Not yet: several messages in flight at once (reordering across keys, rebalances
-//! mid-batch), permanent refusals and handler stalls; see the guide's "Testing under
-//! faults".
+//! Inputs given with keys ([`Simulation::keyed_inputs`]) of different keys may swap
+//! places, never two of one key. Not yet: several messages in flight at once (a
+//! rebalance in the middle of a batch), permanent refusals and handler stalls; see the
+//! guide's "Testing under faults".
 //!
 //! ```
 //! use std::collections::HashMap;
@@ -94,6 +95,8 @@ pub struct Simulation<S> {
     app: MakeApp<S>,
     address: String,
     inputs: Vec<Bytes>,
+    /// Each input's key, when given ([`Simulation::keyed_inputs`]).
+    keys: Vec<Option<Bytes>>,
     invariants: Vec<(String, Check<S>)>,
     finally: Vec<(String, Check<S>)>,
 }
@@ -150,6 +153,8 @@ enum Step {
     Duplicate,
     /// The first publish while the input runs is refused.
     Refuse,
+    /// Kafka: the partition moves; its next owner reads from the last commit (K5).
+    Rebalance,
 }
 
 /// A small seeded generator (xorshift64* over a splitmix start): the only source of
@@ -188,6 +193,7 @@ impl<S: Send + Sync + 'static> Simulation<S> {
             app: Box::new(app),
             address: String::new(),
             inputs: Vec::new(),
+            keys: Vec::new(),
             invariants: Vec::new(),
             finally: Vec::new(),
         }
@@ -203,7 +209,45 @@ impl<S: Send + Sync + 'static> Simulation<S> {
     ) -> Self {
         self.address = address.to_owned();
         self.inputs = payloads.into_iter().map(Into::into).collect();
+        self.keys = vec![None; self.inputs.len()];
         self
+    }
+
+    /// Like [`inputs`](Self::inputs), each with a key: inputs of different keys may be
+    /// delivered out of their order (never two of one key), as a broker ordering per
+    /// key or partition may.
+    #[must_use]
+    pub fn keyed_inputs(
+        mut self,
+        address: &str,
+        inputs: impl IntoIterator<Item = (impl Into<Bytes>, impl Into<Bytes>)>,
+    ) -> Self {
+        self.address = address.to_owned();
+        (self.keys, self.inputs) = inputs
+            .into_iter()
+            .map(|(key, payload)| (Some(key.into()), payload.into()))
+            .unzip();
+        self
+    }
+
+    /// The order the inputs go in: theirs, but for neighbours of different keys the
+    /// scheduler swaps (one pair in eight).
+    fn order(&self, draw: &mut Draw, trace: &mut Trace) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..self.inputs.len()).collect();
+        let mut i = 0;
+        while i + 1 < order.len() {
+            let (a, b) = (order[i], order[i + 1]);
+            let keyed = self.keys[a].is_some() && self.keys[b].is_some();
+            if keyed && self.keys[a] != self.keys[b] && draw.below(8) == 0 {
+                order.swap(i, i + 1);
+                trace
+                    .0
+                    .push(format!("#{b} goes before #{a} (different keys)"));
+                i += 1;
+            }
+            i += 1;
+        }
+        order
     }
 
     /// An invariant checked after every step, over the state and the broker (what the
@@ -263,12 +307,13 @@ impl<S: Send + Sync + 'static> Simulation<S> {
         // Kafka: inputs delivered since the last commit, which a crash brings back.
         let mut uncommitted: Vec<usize> = Vec::new();
         let at_least_once = self.profile != Profile::CoreNats;
-        for index in 0..self.inputs.len() {
+        for index in self.order(&mut draw, &mut trace) {
             let step = match draw.below(8) {
                 0 | 1 if !at_least_once => Step::Lose,
                 0 | 1 => Step::Crash,
                 2 if at_least_once => Step::Duplicate,
                 3 => Step::Refuse,
+                4 if self.profile == Profile::Kafka => Step::Rebalance,
                 _ => Step::Deliver,
             };
             if step == Step::Lose {
@@ -294,6 +339,17 @@ impl<S: Send + Sync + 'static> Simulation<S> {
                     test = self
                         .crash(test, &broker, &state, &mut uncommitted, &mut trace)
                         .await;
+                }
+                Step::Rebalance => {
+                    for &i in &uncommitted {
+                        self.deliver(&test, i, 1).await;
+                    }
+                    let list: Vec<String> = uncommitted.iter().map(|i| format!("#{i}")).collect();
+                    trace.0.push(format!(
+                        "rebalance: the partition's next owner reads from the last commit: {} again",
+                        list.join(", ")
+                    ));
+                    uncommitted.clear();
                 }
                 Step::Duplicate => {
                     self.deliver(&test, index, 0).await;
@@ -358,6 +414,7 @@ impl<S: Send + Sync + 'static> Simulation<S> {
     /// broker would count it) and runs until the app is idle.
     async fn deliver(&self, test: &TestApp, index: usize, earlier: u32) {
         let mut message = Outgoing::new(self.address.clone(), self.inputs[index].clone());
+        message.key.clone_from(&self.keys[index]);
         message
             .headers
             .insert(MESSAGE_ID_HEADER, format!("m-{index}"));
