@@ -107,20 +107,21 @@ fn a_handler_that_is_not_idempotent_is_caught_under_every_at_least_once_profile(
 }
 
 #[test]
-fn the_same_handler_deduplicating_by_message_id_passes() {
+fn the_same_handler_deduplicating_by_message_id_passes_10_000_seeds() {
     for profile in [
         Profile::Kafka,
         Profile::JetStream,
         Profile::RabbitMq,
         Profile::Redis,
+        Profile::Pulsar,
     ] {
         let started = Instant::now();
         let ran = simulation(profile, true, 20)
-            .check(0..1_000)
+            .check(0..10_000)
             .expect("passes");
-        assert_eq!(ran, 1_000);
+        assert_eq!(ran, 10_000);
         eprintln!(
-            "{profile:?}: 1,000 schedules of 20 messages in {:?}",
+            "{profile:?}: 10,000 schedules of 20 messages in {:?}",
             started.elapsed()
         );
     }
