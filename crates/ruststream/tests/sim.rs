@@ -322,3 +322,45 @@ fn keys_keep_their_order_and_only_different_keys_swap() {
         "{failure}"
     );
 }
+
+/// A publish that never answers holds the handler past its deadline: it is cancelled
+/// and runs again, so what it did before the publish happens twice unless deduplicated.
+#[test]
+fn a_stalled_publish_holds_the_handler_past_its_deadline_and_it_runs_again() {
+    #[derive(Clone, Default)]
+    struct Work(Arc<Mutex<HashMap<u64, u32>>>);
+    async fn work(
+        Message(order): Message<u64>,
+        publisher: ruststream::Publisher,
+        State(done): State<Work>,
+    ) -> HandlerOutcome {
+        *done.0.lock().unwrap().entry(order).or_default() += 1;
+        match publisher.to("confirmations").send(&order).await {
+            Ok(()) => HandlerOutcome::ack(),
+            Err(_) => HandlerOutcome::retry(),
+        }
+    }
+    let sim = Simulation::new(Profile::RabbitMq, Work::default, |broker, done| {
+        App::new()
+            .state(Work::clone(&done))
+            .register(on(broker.topic("orders"), work).timeout(std::time::Duration::from_secs(2)))
+    })
+    .inputs("orders", orders(20))
+    .invariant("worked once", |done: &Work, _| {
+        match done.0.lock().unwrap().iter().find(|(_, n)| **n > 1) {
+            Some((order, n)) => Err(format!("order {order} worked {n} times")),
+            None => Ok(()),
+        }
+    });
+    // Among the failing seeds, one whose last step is the stall itself.
+    let stalled = (0..1_000)
+        .filter_map(|seed| sim.run(seed).err())
+        .find(|f| {
+            f.trace
+                .0
+                .last()
+                .is_some_and(|step| step.contains("never answers"))
+        })
+        .expect("a stall that runs the handler again");
+    assert!(stalled.why.contains("worked 2 times"), "{stalled}");
+}

@@ -47,6 +47,8 @@ struct Inner {
     recording: bool,
     /// How many of the next publishes through [`Publish`] to refuse (simulated faults).
     refusing: AtomicU32,
+    /// How many of the next publishes through [`Publish`] never answer (simulated).
+    stalling: AtomicU32,
 }
 
 #[derive(Debug, Default)]
@@ -88,6 +90,7 @@ impl MemoryBroker {
                 sequence: AtomicU64::new(1),
                 recording,
                 refusing: AtomicU32::new(0),
+                stalling: AtomicU32::new(0),
             }),
         }
     }
@@ -198,20 +201,38 @@ impl MemoryBroker {
         self.inner.refusing.store(count, Ordering::Relaxed);
     }
 
+    /// Makes the next `count` publishes made through [`Publish`] never answer, as a
+    /// broker that stalls; 0 stops.
+    #[cfg(feature = "sim")]
+    pub(crate) fn stall_next(&self, count: u32) {
+        self.inner.stalling.store(count, Ordering::Relaxed);
+    }
+
     /// Takes one refusal, if any is due.
     fn refused(&self) -> bool {
-        self.inner.refusing.load(Ordering::Relaxed) > 0
-            && self
-                .inner
-                .refusing
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
-                .is_ok()
+        take_one(&self.inner.refusing)
     }
+
+    /// Takes one stall, if any is due.
+    fn stalled(&self) -> bool {
+        take_one(&self.inner.stalling)
+    }
+}
+
+/// Takes one from `counter` when it is above 0.
+fn take_one(counter: &AtomicU32) -> bool {
+    counter.load(Ordering::Relaxed) > 0
+        && counter
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .is_ok()
 }
 
 impl Publish for MemoryBroker {
     fn publish(&self, message: Outgoing) -> BoxFuture<'_, Result<(), PublishError>> {
         Box::pin(async move {
+            if self.stalled() {
+                std::future::pending::<()>().await;
+            }
             if self.refused() {
                 return Err(PublishError::new(
                     &message.address,

@@ -12,12 +12,12 @@
 //! | Kafka | a crash after some records were handled and before their offsets were committed: the service restarts and every record since the last commit comes again, in order (K5); a rebalance, the same records again without a restart; a producer's duplicate |
 //! | JetStream, RabbitMQ, Redis Streams, Pulsar, memory | a crash after a handler finished and before its acknowledgement landed: the service restarts and the message comes again as the next attempt (N, R, S, P); a producer's duplicate |
 //! | Core NATS | a message lost (at most once, N-Core): never delivered |
-//! | every profile | the first publish while an input runs refused, as by a broker gone away (`PublishErrorKind::Disconnected`): a handler's own publish, or the runtime's retry copy or dead letter |
+//! | every profile | the first publish while an input runs refused, as by a broker gone away (`PublishErrorKind::Disconnected`), or never answered, as by a broker that stalls (the handler is then held past its deadline and cancelled): a handler's own publish, or the runtime's retry copy or dead letter |
 //!
 //! Inputs given with keys ([`Simulation::keyed_inputs`]) of different keys may swap
 //! places, never two of one key. Not yet: several messages in flight at once (a
-//! rebalance in the middle of a batch), permanent refusals and handler stalls; see the
-//! guide's "Testing under faults".
+//! rebalance in the middle of a batch) and permanent refusals; see the guide's "Testing
+//! under faults".
 //!
 //! ```
 //! use std::collections::HashMap;
@@ -155,6 +155,9 @@ enum Step {
     Refuse,
     /// Kafka: the partition moves; its next owner reads from the last commit (K5).
     Rebalance,
+    /// The first publish while the input runs never answers: the handler is held past
+    /// its deadline.
+    Stall,
 }
 
 /// A small seeded generator (xorshift64* over a splitmix start): the only source of
@@ -314,6 +317,7 @@ impl<S: Send + Sync + 'static> Simulation<S> {
                 2 if at_least_once => Step::Duplicate,
                 3 => Step::Refuse,
                 4 if self.profile == Profile::Kafka => Step::Rebalance,
+                5 => Step::Stall,
                 _ => Step::Deliver,
             };
             if step == Step::Lose {
@@ -324,11 +328,18 @@ impl<S: Send + Sync + 'static> Simulation<S> {
             if step == Step::Refuse {
                 broker.refuse_next(1);
             }
+            if step == Step::Stall {
+                broker.stall_next(1);
+            }
             self.deliver(&test, index, 0).await;
             broker.refuse_next(0);
+            broker.stall_next(0);
             trace.0.push(match step {
                 Step::Refuse => format!(
                     "deliver #{index}; the first publish while it runs refused (broker away)"
+                ),
+                Step::Stall => format!(
+                    "deliver #{index}; the first publish while it runs never answers (held past its deadline)"
                 ),
                 _ => format!("deliver #{index}"),
             });
@@ -365,7 +376,7 @@ impl<S: Send + Sync + 'static> Simulation<S> {
             }
             self.checked(seed, &trace, &state, &broker, &self.invariants)?;
         }
-        test.settled().await;
+        idle(&test).await;
         trace.0.push("idle".to_owned());
         self.checked(seed, &trace, &state, &broker, &self.finally)?;
         test.stop().await;
@@ -419,7 +430,7 @@ impl<S: Send + Sync + 'static> Simulation<S> {
             .headers
             .insert(MESSAGE_ID_HEADER, format!("m-{index}"));
         test.broker().publish_counted(message, earlier).await;
-        test.settled().await;
+        idle(test).await;
     }
 
     fn checked(
@@ -441,5 +452,32 @@ impl<S: Send + Sync + 'static> Simulation<S> {
             }
         }
         Ok(())
+    }
+}
+
+/// Waits, in the paused clock, until nothing is left to process. Like
+/// [`TestApp::settled`], but in steps that double up to a second: a handler held until
+/// its deadline (a stalled publish) is reached in a few dozen steps, not one per
+/// millisecond of its deadline.
+async fn idle(test: &TestApp) {
+    let give_up = tokio::time::Instant::now() + super::SETTLE_LIMIT;
+    let (mut quiet, mut step) = (0, std::time::Duration::from_millis(1));
+    loop {
+        if test.broker().is_idle() && test.running.in_flight() == 0 {
+            quiet += 1;
+            if quiet >= 3 {
+                return;
+            }
+            tokio::task::yield_now().await;
+            continue;
+        }
+        quiet = 0;
+        assert!(
+            tokio::time::Instant::now() < give_up,
+            "the simulated app did not settle within {:?}",
+            super::SETTLE_LIMIT
+        );
+        tokio::time::sleep(step).await;
+        step = (step * 2).min(std::time::Duration::from_secs(1));
     }
 }
