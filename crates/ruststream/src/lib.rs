@@ -108,6 +108,7 @@ pub use registration::{
     DEFAULT_MAX_IN_FLIGHT, FailurePolicy, LaneKey, MAX_CONSUMERS, MAX_LANES, Registration, on,
     on_batch,
 };
+pub use runtime::COPY_CONFIRM_TIMEOUT;
 pub use ruststream_core as core;
 pub use ruststream_core::{
     AckError, Attempt, AttemptSource, Delivery, HandlerOutcome, Headers, Metadata, Outgoing,

@@ -364,3 +364,65 @@ fn a_stalled_publish_holds_the_handler_past_its_deadline_and_it_runs_again() {
         .expect("a stall that runs the handler again");
     assert!(stalled.why.contains("worked 2 times"), "{stalled}");
 }
+
+/// A retry copy or dead letter the broker never confirms is given up after
+/// `COPY_CONFIRM_TIMEOUT` a try (it was waited for for ever: the simulation found it),
+/// and every poison message still reaches the dead letter, nothing else does.
+#[test]
+fn a_copy_the_broker_never_confirms_holds_nothing_for_ever() {
+    async fn handle(Message(n): Message<u64>) -> HandlerOutcome {
+        if n % 7 == 3 {
+            HandlerOutcome::retry()
+        } else {
+            HandlerOutcome::ack()
+        }
+    }
+    async fn dead(Message(_): Message<u64>) -> HandlerOutcome {
+        HandlerOutcome::ack()
+    }
+    let dead_letters = |broker: &ruststream::memory::MemoryBroker| -> Vec<u64> {
+        broker
+            .published("orders.dead")
+            .iter()
+            .map(|m| serde_json::from_slice(&m.payload).expect("json"))
+            .collect()
+    };
+    for profile in [
+        Profile::Kafka,
+        Profile::JetStream,
+        Profile::RabbitMq,
+        Profile::Redis,
+        Profile::Pulsar,
+    ] {
+        Simulation::new(
+            profile,
+            || (),
+            |broker, _| {
+                App::new()
+                    .register(
+                        on(broker.topic("orders"), handle)
+                            .max_attempts(3)
+                            .dead_letter("orders.dead"),
+                    )
+                    .register(on(broker.topic("orders.dead"), dead))
+            },
+        )
+        .inputs("orders", orders(30))
+        .finally(
+            "only poison dead-lettered",
+            move |_, broker| match dead_letters(broker).into_iter().find(|n| n % 7 != 3) {
+                Some(n) => Err(format!("{n} dead-lettered")),
+                None => Ok(()),
+            },
+        )
+        .finally("every poison dead-lettered", move |_, broker| {
+            let dead = dead_letters(broker);
+            match (0..30).filter(|n| n % 7 == 3).find(|n| !dead.contains(n)) {
+                Some(n) => Err(format!("{n} never dead-lettered: {dead:?}")),
+                None => Ok(()),
+            }
+        })
+        .check(0..300)
+        .unwrap_or_else(|failure| panic!("{profile:?}: {failure}"));
+    }
+}

@@ -22,6 +22,11 @@ const TRIES: u32 = 4;
 const TRANSIENT_BACKOFF: Backoff =
     Backoff::exponential(Duration::from_millis(50), Duration::from_secs(2));
 
+/// How long one try of a copy waits for the broker's confirmation: past it the try
+/// counts as a timeout (transient), so a broker that never answers (a RabbitMQ memory
+/// alarm blocks publishers; a stalled connection) holds no delivery for ever.
+pub const COPY_CONFIRM_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Builds the copy the plan asks for; a dead letter also says why (`why`, its reason cut
 /// to `limit` bytes; `None`: exactly as it arrived).
 pub(crate) fn outgoing(
@@ -363,7 +368,17 @@ async fn publish_with_tries(
 ) -> Result<(), PublishError> {
     let mut tried = 1;
     loop {
-        match publisher.publish(message.clone()).await {
+        let confirmed =
+            tokio::time::timeout(COPY_CONFIRM_TIMEOUT, publisher.publish(message.clone()))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(PublishError::new(
+                        &message.address,
+                        PublishErrorKind::Timeout,
+                        format!("no confirmation within {COPY_CONFIRM_TIMEOUT:?}"),
+                    ))
+                });
+        match confirmed {
             Ok(()) => return Ok(()),
             Err(e) if !e.kind().is_transient() || tried >= TRIES => return Err(e),
             Err(e) => {

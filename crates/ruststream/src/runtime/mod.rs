@@ -28,6 +28,7 @@ use crate::registration::{Options, Registration};
 use crate::state::StateMap;
 
 use crate::in_flight::InFlight;
+pub use copy::COPY_CONFIRM_TIMEOUT;
 use mount::Started;
 pub(crate) use mount::{Env, Mount, Observe, Registered};
 pub(crate) use shared::Shared;
