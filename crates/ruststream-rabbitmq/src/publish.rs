@@ -155,12 +155,37 @@ impl RabbitPublisher {
                 .entry(queue.to_owned())
                 .or_default(),
         );
-        let _turn = turn.lock().await;
+        let held = turn.lock().await;
+        let result = self
+            .probe_send(&channel, queue, payload, properties, held)
+            .await;
+        // The queue's turn is forgotten once nobody else waits for it (a queue that
+        // stays missing keeps no entry).
+        let mut probing = locked(&self.inner.probing);
+        if probing
+            .get(queue)
+            .is_some_and(|t| Arc::ptr_eq(t, &turn) && Arc::strong_count(t) == 2)
+        {
+            probing.remove(queue);
+        }
+        result
+    }
+
+    /// Sends to a queue not known routed, holding its turn: on the shared channel if it
+    /// became routed meanwhile, else alone on a probe channel.
+    async fn probe_send(
+        &self,
+        channel: &Channel,
+        queue: &str,
+        payload: &[u8],
+        properties: BasicProperties,
+        turn: tokio::sync::MutexGuard<'_, ()>,
+    ) -> Result<(), PublishError> {
         if locked(&self.inner.routed).contains(queue) {
             // Routed while this one waited: its place in the queue's order is kept by
             // publishing before the turn is given up.
-            let confirm = publish(&channel, queue, payload, properties).await?;
-            drop(_turn);
+            let confirm = publish(channel, queue, payload, properties).await?;
+            drop(turn);
             return self.confirmed(queue, confirm.await);
         }
         let probe = self
@@ -171,7 +196,6 @@ impl RabbitPublisher {
         let result = self.confirmed(queue, confirmation);
         if result.is_ok() {
             locked(&self.inner.routed).insert(queue.to_owned());
-            locked(&self.inner.probing).remove(queue);
         }
         if probe.status().connected() {
             locked(&self.inner.idle_probes).push(probe);

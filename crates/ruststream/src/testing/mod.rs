@@ -167,8 +167,14 @@ impl TestApp {
     /// Waits until nothing is left to process: no message ready, running, unsettled or
     /// waiting on a timer. Panics after [`SETTLE_LIMIT`] of tokio time.
     pub async fn settled(&self) {
+        self.idle(Duration::from_millis(1)).await;
+    }
+
+    /// [`settled`](Self::settled), looking again after waits that double from 1 ms up to
+    /// `longest` (the simulation lets a held handler's deadline pass in a few steps).
+    pub(crate) async fn idle(&self, longest: Duration) {
         let give_up = tokio::time::Instant::now() + SETTLE_LIMIT;
-        let mut quiet_checks = 0;
+        let (mut quiet_checks, mut wait) = (0, Duration::from_millis(1));
         loop {
             if self.broker.is_idle() && self.running.in_flight() == 0 {
                 quiet_checks += 1;
@@ -184,7 +190,8 @@ impl TestApp {
                 "the app did not settle within {SETTLE_LIMIT:?}: {} in flight",
                 self.running.in_flight()
             );
-            tokio::time::sleep(Duration::from_millis(1)).await;
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(longest);
         }
     }
 

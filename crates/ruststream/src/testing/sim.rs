@@ -376,7 +376,7 @@ impl<S: Send + Sync + 'static> Simulation<S> {
             }
             self.checked(seed, &trace, &state, &broker, &self.invariants)?;
         }
-        idle(&test).await;
+        test.idle(std::time::Duration::from_secs(1)).await;
         trace.0.push("idle".to_owned());
         self.checked(seed, &trace, &state, &broker, &self.finally)?;
         test.stop().await;
@@ -430,7 +430,7 @@ impl<S: Send + Sync + 'static> Simulation<S> {
             .headers
             .insert(MESSAGE_ID_HEADER, format!("m-{index}"));
         test.broker().publish_counted(message, earlier).await;
-        idle(test).await;
+        test.idle(std::time::Duration::from_secs(1)).await;
     }
 
     fn checked(
@@ -452,32 +452,5 @@ impl<S: Send + Sync + 'static> Simulation<S> {
             }
         }
         Ok(())
-    }
-}
-
-/// Waits, in the paused clock, until nothing is left to process. Like
-/// [`TestApp::settled`], but in steps that double up to a second: a handler held until
-/// its deadline (a stalled publish) is reached in a few dozen steps, not one per
-/// millisecond of its deadline.
-async fn idle(test: &TestApp) {
-    let give_up = tokio::time::Instant::now() + super::SETTLE_LIMIT;
-    let (mut quiet, mut step) = (0, std::time::Duration::from_millis(1));
-    loop {
-        if test.broker().is_idle() && test.running.in_flight() == 0 {
-            quiet += 1;
-            if quiet >= 3 {
-                return;
-            }
-            tokio::task::yield_now().await;
-            continue;
-        }
-        quiet = 0;
-        assert!(
-            tokio::time::Instant::now() < give_up,
-            "the simulated app did not settle within {:?}",
-            super::SETTLE_LIMIT
-        );
-        tokio::time::sleep(step).await;
-        step = (step * 2).min(std::time::Duration::from_secs(1));
     }
 }
