@@ -144,8 +144,9 @@ impl PulsarSubscription {
             // Exclusive and Failover deliver every message with count 0 (P4).
             Attempt::from_subscription(1)
         };
-        let position = Metadata::sequence(metadata.sequence_id)
+        let mut position = Metadata::sequence(metadata.sequence_id)
             .with_timestamp_ms(i64::try_from(metadata.publish_time).ok());
+        position.ledger_entry = Some(key(id));
         let key = metadata.partition_key.take().map(Bytes::from);
         slot.refill(topic, Bytes::from(std::mem::take(&mut payload.data)))
             .set_headers(headers)

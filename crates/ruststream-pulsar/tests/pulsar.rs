@@ -198,6 +198,45 @@ async fn p1_retry_after_is_held_then_nacked_and_comes_back_no_earlier() {
     app.stop().await;
 }
 
+/// The broker's message id is in a delivery's metadata, the same when it comes again
+/// (the inbox's identity of a Pulsar message without `x-ruststream-id`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_message_id_is_read_and_the_same_on_redelivery() {
+    let pulsar = pulsar().await;
+    let topic = unique("message-id");
+    let ids = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = Arc::clone(&ids);
+    let script = Script::new(move |d| {
+        seen.lock().unwrap().push(d.metadata().ledger_entry);
+        if d.attempt().number() == 1 {
+            HandlerOutcome::retry()
+        } else {
+            HandlerOutcome::ack()
+        }
+    });
+    let app = start(App::new().register(on(
+        topic_of(&pulsar, &topic, SubType::Shared),
+        handler(Arc::clone(&script)),
+    )))
+    .await;
+    send(&pulsar, &topic, "first").await;
+    send(&pulsar, &topic, "second").await;
+    eventually(Duration::from_secs(20), "each twice", || {
+        script.count() == 4
+    })
+    .await;
+    app.stop().await;
+    let ids = ids.lock().unwrap().clone();
+    let mut distinct: Vec<_> = ids.iter().map(|id| id.expect("a message id")).collect();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(
+        distinct.len(),
+        2,
+        "one id per message, kept on redelivery: {ids:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn p2_a_delay_not_shorter_than_ack_timeout_is_refused_and_the_timer_brings_it_back() {
     let pulsar = pulsar().await;

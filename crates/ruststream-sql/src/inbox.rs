@@ -238,6 +238,12 @@ pub(crate) fn id_of(delivery: &Delivery, transport: &str) -> Result<String, Stri
         return Ok(id.to_owned());
     }
     let meta = delivery.metadata();
+    if let Some((ledger, entry, partition, batch)) = meta.ledger_entry {
+        let address = delivery.address();
+        return Ok(format!(
+            "{transport}:{address}/{ledger}:{entry}:{partition}:{batch}"
+        ));
+    }
     match (transport, meta.partition, meta.offset, meta.sequence) {
         ("kafka", Some(partition), Some(offset), _) => {
             Ok(format!("kafka:{}/{partition}/{offset}", delivery.address()))

@@ -14,6 +14,7 @@ use ruststream::{App, HandlerOutcome, Message, Publisher, on};
 use ruststream_kafka::{Commit, Kafka};
 use ruststream_nats::Nats;
 use ruststream_nats::async_nats::jetstream::{self, stream};
+use ruststream_pulsar::Pulsar;
 use ruststream_rabbitmq::lapin::BasicProperties;
 use ruststream_rabbitmq::lapin::options::{BasicGetOptions, BasicPublishOptions};
 use ruststream_rabbitmq::lapin::types::AMQPValue;
@@ -198,6 +199,48 @@ async fn redis_entries_read_again_by_another_group_are_skipped() {
         "each entry applied once"
     );
     assert_eq!(inbox.skipped(), 10);
+}
+
+/// On Pulsar a message's id is the broker's message id (ledger, entry, partition, batch
+/// index), the same in every subscription: a second subscription's reads are skipped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pulsar_messages_read_again_by_another_subscription_are_skipped() {
+    let pool = pool().await;
+    let broker = std::env::var("RUSTSTREAM_PULSAR_ADDR").expect("RUSTSTREAM_PULSAR_ADDR");
+    // pulsar-lite leaves the checksum out of message frames; the relay adds it.
+    let relay = ruststream_test_support::pulsar_relay::start(broker).await;
+    let pulsar = Pulsar::connect(&format!("pulsar://{relay}"))
+        .await
+        .expect("Pulsar");
+    let topic = unique("inbox");
+    let (table, handler) = ledger(&pool, &topic).await;
+    publish(&Publisher::new(pulsar.publish_handle()), &topic, 10).await;
+    let inbox = Inbox::new(pool.clone());
+    for (subscription, expected_skips) in [("first", 0), ("second", 10)] {
+        let running = App::new()
+            .register(
+                on(
+                    pulsar.topic(&topic).subscription(subscription),
+                    handler.clone(),
+                )
+                .name(&topic)
+                .layer(inbox.clone()),
+            )
+            .start()
+            .await
+            .expect("start");
+        until(Duration::from_secs(30), "every message seen", async || {
+            sum(&pool, &table).await.0 == 10 && inbox.skipped() >= expected_skips
+        })
+        .await;
+        running.stop().await;
+    }
+    assert_eq!(
+        sum(&pool, &table).await,
+        (10, 55),
+        "each message applied once"
+    );
+    assert_eq!(inbox.skipped(), 10, "the second subscription's ten skipped");
 }
 
 /// On RabbitMQ a message's id is its `x-ruststream-id`, else its AMQP `message-id`

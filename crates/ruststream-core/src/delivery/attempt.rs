@@ -99,6 +99,10 @@ pub struct Metadata {
     pub sequence: Option<u64>,
     /// Milliseconds since the Unix epoch, when the broker reports a timestamp.
     pub timestamp_ms: Option<i64>,
+    /// Pulsar: the message id the broker gave it, `(ledger, entry, partition, batch
+    /// index)` (`-1` where a topic is not partitioned or a message not batched). It stays
+    /// the same on every redelivery and in every subscription.
+    pub ledger_entry: Option<(u64, u64, i32, i32)>,
 }
 
 impl Metadata {
@@ -109,6 +113,7 @@ impl Metadata {
             offset: Some(offset),
             sequence: None,
             timestamp_ms: None,
+            ledger_entry: None,
         }
     }
 
@@ -125,6 +130,7 @@ impl Metadata {
             offset: None,
             sequence: Some(sequence),
             timestamp_ms: None,
+            ledger_entry: None,
         }
     }
 }

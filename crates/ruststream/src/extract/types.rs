@@ -115,6 +115,8 @@ pub struct Meta {
     /// When the broker stored it, in milliseconds since the Unix epoch, where the broker
     /// says.
     pub timestamp_ms: Option<i64>,
+    /// Pulsar's message id: `(ledger, entry, partition, batch index)`.
+    pub ledger_entry: Option<(u64, u64, i32, i32)>,
 }
 
 impl FromDelivery for Meta {
@@ -135,6 +137,7 @@ impl Meta {
             offset: position.offset,
             sequence: position.sequence,
             timestamp_ms: position.timestamp_ms,
+            ledger_entry: position.ledger_entry,
         }
     }
 }

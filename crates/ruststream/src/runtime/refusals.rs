@@ -13,8 +13,10 @@ use ruststream_core::Delivery;
 /// waits the shortest time once more: slower growth, never a storm).
 const CAPACITY: usize = 4096;
 
-/// A delivery's identity on its broker: address and position.
-type Identity = (Arc<str>, Option<i32>, Option<i64>, Option<u64>);
+/// A delivery's identity on its broker: address and position (Pulsar: its message id,
+/// its sequence being its producer's).
+type Identity = (Arc<str>, Option<i32>, Option<i64>, Option<u64>, LedgerEntry);
+type LedgerEntry = Option<(u64, u64, i32, i32)>;
 
 #[derive(Debug, Default)]
 pub(crate) struct Refusals {
@@ -41,6 +43,7 @@ fn identity(delivery: &Delivery) -> Option<Identity> {
         m.partition,
         m.offset,
         m.sequence,
+        m.ledger_entry,
     ))
 }
 
