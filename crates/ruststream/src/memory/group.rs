@@ -413,6 +413,18 @@ impl Group {
         self.ready.notify_one();
     }
 
+    /// Drops every ready entry (a simulated crash of a broker that brings back only what
+    /// was committed, or nothing).
+    #[cfg(feature = "sim")]
+    pub(crate) fn purge_ready(&self) {
+        let mut q = self.lock();
+        while let Some(index) = q.ready.pop_front() {
+            q.free(index as usize);
+        }
+        drop(q);
+        self.tell_room(true);
+    }
+
     /// Nothing ready, unacknowledged or delayed.
     pub(crate) fn is_idle(&self) -> bool {
         self.lock().held == 0

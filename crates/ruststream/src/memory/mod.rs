@@ -49,6 +49,8 @@ struct Inner {
     refusing: AtomicU32,
     /// How many of the next publishes through [`Publish`] never answer (simulated).
     stalling: AtomicU32,
+    /// Whether those refusals are for good (`Rejected`) rather than transient.
+    rejecting: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -91,6 +93,7 @@ impl MemoryBroker {
                 recording,
                 refusing: AtomicU32::new(0),
                 stalling: AtomicU32::new(0),
+                rejecting: std::sync::atomic::AtomicBool::new(false),
             }),
         }
     }
@@ -208,6 +211,28 @@ impl MemoryBroker {
         self.inner.stalling.store(count, Ordering::Relaxed);
     }
 
+    /// Drops every message ready on `address` in every group (what a consumer put back
+    /// when it closed): the simulation's crash on a broker that brings back only what it
+    /// committed (Kafka) or nothing (Core NATS).
+    #[cfg(feature = "sim")]
+    pub(crate) fn purge_ready(&self, address: &str) {
+        let groups: Vec<Arc<Group>> = self
+            .lock()
+            .get(address)
+            .map(|a| a.groups.values().cloned().collect())
+            .unwrap_or_default();
+        for group in groups {
+            group.purge_ready();
+        }
+    }
+
+    /// Makes the refusals of [`refuse_next`](Self::refuse_next) the broker's refusals of
+    /// the message itself (`PublishErrorKind::Rejected`: not transient) when `for_good`.
+    #[cfg(feature = "sim")]
+    pub(crate) fn refuse_for_good(&self, for_good: bool) {
+        self.inner.rejecting.store(for_good, Ordering::Relaxed);
+    }
+
     /// Takes one refusal, if any is due.
     fn refused(&self) -> bool {
         take_one(&self.inner.refusing)
@@ -234,9 +259,14 @@ impl Publish for MemoryBroker {
                 std::future::pending::<()>().await;
             }
             if self.refused() {
+                let kind = if self.inner.rejecting.load(Ordering::Relaxed) {
+                    PublishErrorKind::Rejected
+                } else {
+                    PublishErrorKind::Disconnected
+                };
                 return Err(PublishError::new(
                     &message.address,
-                    PublishErrorKind::Disconnected,
+                    kind,
                     "refused by the simulated broker (testing::sim)",
                 ));
             }

@@ -98,6 +98,7 @@ fn give_back(capabilities: &Capabilities) -> GiveBack {
 pub(crate) async fn wait_unless_stopped(stop: &watch::Receiver<bool>, delay: Duration) -> bool {
     let mut stop = stop.clone();
     tokio::select! {
+        biased;
         () = tokio::time::sleep(delay) => true,
         _ = stop.wait_for(|stopped| *stopped) => false,
     }

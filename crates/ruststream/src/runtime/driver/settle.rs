@@ -144,6 +144,7 @@ fn start_timer<S: Send + Sync + 'static, R: Send + 'static>(
         let _counted = delayed.map(DelayedGuard);
         let due = Instant::now() + copy.delay;
         let stopped = tokio::select! {
+            biased;
             () = sleep_until(due) => false,
             _ = mode.wait_for(|m| *m == Timers::Stopping) => true,
         };
