@@ -1,6 +1,5 @@
 //! How long a delivery waits before it comes back (SPEC G2, G3).
 
-use std::hash::{BuildHasher, Hasher};
 use std::time::Duration;
 
 /// Delays that grow with the attempt number, for [`Registration::backoff`]: a `retry()`
@@ -72,9 +71,7 @@ impl Backoff {
         if self.jitter == 0.0 {
             return full;
         }
-        let random = std::collections::hash_map::RandomState::new()
-            .build_hasher()
-            .finish();
+        let random = crate::seeded::random_u64();
         let share = (random >> 11) as f64 / (1u64 << 53) as f64;
         full.mul_f64(1.0 - self.jitter * share)
     }

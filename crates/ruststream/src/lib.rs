@@ -89,6 +89,7 @@ pub mod ops;
 mod publisher;
 mod registration;
 mod runtime;
+mod seeded;
 mod state;
 pub mod testing;
 mod trace_context;

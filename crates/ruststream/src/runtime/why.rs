@@ -64,7 +64,7 @@ pub(crate) fn stamp(
         DEAD_LETTER_ATTEMPTS,
         delivery.attempt().number().to_string(),
     );
-    headers.insert(DEAD_LETTER_AT, rfc3339(SystemTime::now()));
+    headers.insert(DEAD_LETTER_AT, rfc3339(crate::seeded::now()));
     let meta = delivery.metadata();
     if let (Some(partition), Some(offset)) = (meta.partition, meta.offset) {
         headers.insert(DEAD_LETTER_PARTITION, partition.to_string());

@@ -239,6 +239,9 @@ impl<S: Send + Sync + 'static> Simulation<S> {
             .start_paused(true)
             .build()
             .expect("a runtime for the simulation");
-        runtime.block_on(self.schedule(seed))
+        runtime.block_on(async {
+            let _seeded = crate::seeded::schedule(seed);
+            self.schedule(seed).await
+        })
     }
 }
