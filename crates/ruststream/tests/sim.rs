@@ -188,15 +188,18 @@ fn each_profile_injects_only_what_its_broker_allows() {
 
 /// What a profile's schedule may show in the calls `(order, attempt)` of a handler
 /// that acks everything: first deliveries in the inputs' order (a producer's duplicate
-/// later, as a new message); a message again only after it came, as its second
-/// attempt (or, when a crash cut handlers short, one the broker had handed out before
-/// its handler ran); on Kafka, what comes again comes in order; elsewhere only what the
-/// last group (at most 4 inputs) left unsettled; on Core NATS nothing twice.
+/// later, as a new message); on Core NATS nothing twice; elsewhere than Kafka a message
+/// again only right after its group (at most 3 other inputs first handled between), or
+/// when a crash cut handlers short, one the broker had handed out before its handler
+/// ran. Attempts as the transport counts them: where the broker counts (JetStream,
+/// Redis, Pulsar, memory) a redelivery is attempt 2; where the count travels in the
+/// retry-count header (Kafka, RabbitMQ classic) a message read again is attempt 1, as
+/// nothing was retried.
 fn honest(profile: Profile, seed: u64, calls: &[(u64, u32)], cut_short: bool) {
     let mut seen = HashSet::new();
     let firsts: Vec<u64> = calls
         .iter()
-        .filter(|(o, a)| *a == 1 && seen.insert(*o))
+        .filter(|(o, _)| seen.insert(*o))
         .map(|(o, _)| *o)
         .collect();
     assert!(
@@ -206,35 +209,30 @@ fn honest(profile: Profile, seed: u64, calls: &[(u64, u32)], cut_short: bool) {
     if profile == Profile::CoreNats {
         assert_eq!(firsts.len(), calls.len(), "Core NATS twice: {calls:?}");
     }
+    let header_count = matches!(profile, Profile::Kafka | Profile::RabbitMq);
     for (at, (order, attempt)) in calls.iter().enumerate() {
-        if *attempt == 1 {
-            continue;
-        }
-        assert_eq!(*attempt, 2, "{calls:?}");
+        let most = if header_count { 1 } else { 2 };
+        assert!(*attempt <= most, "{profile:?} seed {seed}: {calls:?}");
         let before = &calls[..at];
-        let Some(first) = before.iter().position(|(o, a)| o == order && *a == 1) else {
+        let Some(first) = before.iter().position(|(o, _)| o == order) else {
             assert!(
-                cut_short,
+                *attempt == 1 || cut_short,
                 "{profile:?} seed {seed}: #{order} came again before it came: {calls:?}"
             );
             continue;
         };
         if profile == Profile::Kafka {
-            // From the last commit, in order: after a smaller one again, or first of a run.
-            if let Some((previous, 2)) = before.last() {
-                assert!(previous < order, "{profile:?} seed {seed}: {calls:?}");
-            }
-        } else {
-            let others: HashSet<u64> = before[first..]
-                .iter()
-                .filter(|(o, a)| *a == 1 && o != order)
-                .map(|(o, _)| *o)
-                .collect();
-            assert!(
-                others.len() <= 3,
-                "{profile:?} seed {seed}: #{order} again after more than its group: {calls:?}"
-            );
+            continue;
         }
+        let others: HashSet<u64> = before[first..]
+            .iter()
+            .filter(|(o, _)| o != order && !before[..first].iter().any(|(p, _)| p == o))
+            .map(|(o, _)| *o)
+            .collect();
+        assert!(
+            others.len() <= 3,
+            "{profile:?} seed {seed}: #{order} again after more than its group: {calls:?}"
+        );
     }
 }
 

@@ -51,6 +51,8 @@ struct Inner {
     stalling: AtomicU32,
     /// Whether those refusals are for good (`Rejected`) rather than transient.
     rejecting: std::sync::atomic::AtomicBool,
+    /// What its topics say they can do, when the simulation poses as another broker.
+    posing: std::sync::OnceLock<ruststream_core::Capabilities>,
 }
 
 #[derive(Debug, Default)]
@@ -94,6 +96,7 @@ impl MemoryBroker {
                 refusing: AtomicU32::new(0),
                 stalling: AtomicU32::new(0),
                 rejecting: std::sync::atomic::AtomicBool::new(false),
+                posing: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -197,6 +200,11 @@ impl MemoryBroker {
 }
 
 impl MemoryBroker {
+    /// The capabilities the simulation poses as, if it does.
+    pub(crate) fn posed(&self) -> Option<ruststream_core::Capabilities> {
+        self.inner.posing.get().copied()
+    }
+
     /// Refuses the next `count` publishes made through [`Publish`] (a handler's
     /// publisher, the runtime's copies) as a broker gone away would; 0 stops refusing.
     #[cfg(feature = "sim")]
@@ -224,6 +232,13 @@ impl MemoryBroker {
         for group in groups {
             group.purge_ready();
         }
+    }
+
+    /// Makes every topic made from now on settle with `capabilities` (a transport's, so
+    /// the runtime plans as it would there); set once.
+    #[cfg(feature = "sim")]
+    pub(crate) fn pose_as(&self, capabilities: ruststream_core::Capabilities) {
+        let _ = self.inner.posing.set(capabilities);
     }
 
     /// Makes the refusals of [`refuse_next`](Self::refuse_next) the broker's refusals of

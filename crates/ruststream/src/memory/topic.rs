@@ -19,16 +19,41 @@ pub struct MemoryTopic {
     broker: MemoryBroker,
     address: String,
     group: String,
-    runtime_retries: bool,
+    capabilities: Capabilities,
 }
+
+/// The memory broker's own: it counts deliveries, holds a delayed one, redelivers.
+const NATIVE: Capabilities = Capabilities::NOTHING
+    .with_ack(Verb::Native)
+    .with_drop(Verb::Native)
+    .with_redeliver(Verb::Native)
+    .with_delayed_redelivery(DelayedRedelivery::Native)
+    .with_native_count(true)
+    .with_dead_letters(DeadLetters::Runtime)
+    .with_holds_original(true)
+    .with_redeliver_in_place(false)
+    .with_rewinds(false);
+
+/// [`MemoryTopic::runtime_retries`]: as Kafka `Commit::Tracked`.
+const RUNTIME_RETRIES: Capabilities = Capabilities::NOTHING
+    .with_ack(Verb::Native)
+    .with_drop(Verb::AsAck)
+    .with_redeliver(Verb::Native)
+    .with_delayed_redelivery(DelayedRedelivery::Unsupported)
+    .with_native_count(false)
+    .with_dead_letters(DeadLetters::Runtime)
+    .with_holds_original(true)
+    .with_redeliver_in_place(true)
+    .with_rewinds(false);
 
 impl MemoryTopic {
     pub(crate) fn new(broker: MemoryBroker, address: String) -> Self {
+        let capabilities = broker.posed().unwrap_or(NATIVE);
         Self {
             broker,
             address,
             group: "default".to_owned(),
-            runtime_retries: false,
+            capabilities,
         }
     }
 
@@ -42,7 +67,7 @@ impl MemoryTopic {
     /// in the `x-ruststream-retry-count` header of runtime copies. `retry()` without a
     /// declaration still redelivers at once, like Kafka `Commit::Tracked`.
     pub fn runtime_retries(mut self) -> Self {
-        self.runtime_retries = true;
+        self.capabilities = RUNTIME_RETRIES;
         self
     }
 }
@@ -63,29 +88,7 @@ impl Descriptor for MemoryTopic {
     }
 
     fn capabilities(&self) -> Capabilities {
-        if self.runtime_retries {
-            Capabilities::NOTHING
-                .with_ack(Verb::Native)
-                .with_drop(Verb::AsAck)
-                .with_redeliver(Verb::Native)
-                .with_delayed_redelivery(DelayedRedelivery::Unsupported)
-                .with_native_count(false)
-                .with_dead_letters(DeadLetters::Runtime)
-                .with_holds_original(true)
-                .with_redeliver_in_place(true)
-                .with_rewinds(false)
-        } else {
-            Capabilities::NOTHING
-                .with_ack(Verb::Native)
-                .with_drop(Verb::Native)
-                .with_redeliver(Verb::Native)
-                .with_delayed_redelivery(DelayedRedelivery::Native)
-                .with_native_count(true)
-                .with_dead_letters(DeadLetters::Runtime)
-                .with_holds_original(true)
-                .with_redeliver_in_place(false)
-                .with_rewinds(false)
-        }
+        self.capabilities
     }
 
     fn publisher(&self) -> Arc<dyn Publish> {
@@ -98,7 +101,8 @@ impl Descriptor for MemoryTopic {
             consumer: group.consumer(),
             group,
             address: Arc::from(self.address.as_str()),
-            runtime_retries: self.runtime_retries,
+            header_count: !self.capabilities.native_count,
+            at_most_once: self.capabilities.ack == Verb::Unsupported,
             settled: Settled::default(),
         })
     }
@@ -111,7 +115,10 @@ pub struct MemorySubscription {
     /// This subscription's name in its group: what it holds goes back when it closes.
     consumer: u32,
     address: Arc<str>,
-    runtime_retries: bool,
+    /// Attempts are counted in the retry-count header, not by the queue.
+    header_count: bool,
+    /// Nothing is settled (as on Core NATS): a delivery is done with once handed over.
+    at_most_once: bool,
     /// An ack or drop `settle_now` made: removed from the group with the next fetch,
     /// under the same lock (one lock round trip per delivery instead of two), or at
     /// close. The pump fetches right after it settles, so it waits no longer than that.
@@ -130,7 +137,7 @@ impl MemorySubscription {
         message: &Stored,
         delivered: u32,
     ) -> (u64, Option<MalformedRetryCount>) {
-        let (attempt, malformed) = if self.runtime_retries {
+        let (attempt, malformed) = if self.header_count {
             Attempt::from_headers(&message.headers)
         } else {
             (Attempt::from_broker(delivered), None)
@@ -146,11 +153,15 @@ impl MemorySubscription {
         (tag, malformed)
     }
 
-    /// A filled delivery's receipt, its malformed retry count (if any) logged.
+    /// A filled delivery's receipt, its malformed retry count (if any) logged; at most
+    /// once, the delivery is done with (removed with the next fetch).
     #[inline]
-    fn filled(&self, (tag, malformed): (u64, Option<MalformedRetryCount>)) -> u64 {
+    fn filled(&mut self, (tag, malformed): (u64, Option<MalformedRetryCount>)) -> u64 {
         if let Some(error) = malformed {
             tracing::warn!(address = &*self.address, %error, "counting it as the first attempt");
+        }
+        if self.at_most_once {
+            self.settled = Settled(Some(tag));
         }
         tag
     }

@@ -10,9 +10,12 @@
 //! | profile | besides delivering the next inputs |
 //! |---|---|
 //! | Kafka | a crash after some records were handled and before their offsets were committed: the service restarts and every record since the last commit comes again, in order (K5); the same after a crash while handlers run; a rebalance, the same records again without a restart; a producer's duplicate |
-//! | JetStream, RabbitMQ, Redis Streams, Pulsar, memory | a crash after a handler finished and before its acknowledgement landed: the service restarts and the message comes again as the next attempt (N, R, S, P); a crash while handlers run, after which the broker hands out again what was unsettled; a producer's duplicate |
+//! | JetStream, RabbitMQ, Redis Streams, Pulsar, memory | a crash after a handler finished and before its acknowledgement landed: the service restarts and the message comes again, as the next attempt where the broker counts (N, R, S, P); a crash while handlers run, after which the broker hands out again what was unsettled; a producer's duplicate |
 //! | Core NATS | a message lost (at most once): never delivered; a crash while handlers run loses what was unsettled |
 //! | every profile | the first publish while the inputs run refused, as by a broker gone away (`PublishErrorKind::Disconnected`) or as the broker's refusal of the message itself (`Rejected`), or never answered, as by a broker that stalls (the handler is then held past its deadline and cancelled): a handler's own publish, or the runtime's retry copy or dead letter |
+//!
+//! The simulated broker settles as the profile's transport does
+//! ([`Profile::capabilities`]), so the runtime plans each outcome as it would there.
 //!
 //! A crash while handlers run lets the app's clock run a seeded 0 to 29 ms after the
 //! inputs were published, then stops the app without waiting: each handler stops at the
@@ -60,6 +63,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use ruststream_core::{Capabilities, DeadLetters, DelayedRedelivery, Verb};
 
 use crate::app::App;
 use crate::memory::MemoryBroker;
@@ -82,6 +86,43 @@ pub enum Profile {
     CoreNats,
     /// As JetStream.
     Memory,
+}
+
+impl Profile {
+    /// What the simulated broker's topics say they can do: the transport's own
+    /// capabilities (Kafka `Commit::Tracked`, a classic RabbitMQ queue, a Pulsar `Shared`
+    /// subscription), so the runtime plans each outcome as it would there (copies where
+    /// the broker cannot redeliver or delay, attempts in the retry-count header where it
+    /// does not count). Two differ, as the memory broker cannot do their part: Redis and
+    /// Pulsar dead letters are published by the runtime (Redis moves one in a single
+    /// `MULTI`, Pulsar's client moves it). `ruststream-guide`'s `tests/profiles.rs` holds
+    /// each to its transport.
+    pub const fn capabilities(self) -> Capabilities {
+        let acks = Capabilities::NOTHING
+            .with_ack(Verb::Native)
+            .with_drop(Verb::Native)
+            .with_redeliver(Verb::Native)
+            .with_dead_letters(DeadLetters::Runtime)
+            .with_holds_original(true);
+        match self {
+            Self::Kafka => acks
+                .with_drop(Verb::AsAck)
+                .with_delayed_redelivery(DelayedRedelivery::Unsupported)
+                .with_redeliver_in_place(true),
+            Self::JetStream | Self::Memory => acks
+                .with_delayed_redelivery(DelayedRedelivery::Native)
+                .with_native_count(true),
+            Self::RabbitMq => acks.with_delayed_redelivery(DelayedRedelivery::Unsupported),
+            Self::Redis => acks
+                .with_delayed_redelivery(DelayedRedelivery::Held { limit: None })
+                .with_native_count(true),
+            Self::Pulsar => acks
+                .with_drop(Verb::AsAck)
+                .with_delayed_redelivery(DelayedRedelivery::Held { limit: None })
+                .with_native_count(true),
+            Self::CoreNats => Capabilities::NOTHING,
+        }
+    }
 }
 
 type Check<S> = Box<dyn Fn(&S, &MemoryBroker) -> Result<(), String> + Send + Sync>;

@@ -85,6 +85,7 @@ fn names(group: &[usize]) -> String {
 impl<S: Send + Sync + 'static> Simulation<S> {
     pub(super) async fn schedule(&self, seed: u64) -> Result<Trace, Failure> {
         let broker = MemoryBroker::recording();
+        broker.pose_as(self.profile.capabilities());
         let state = Arc::new((self.state)());
         let test = Some(self.start(&broker, &state).await);
         let mut run = Run {
