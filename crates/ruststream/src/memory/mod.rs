@@ -248,6 +248,13 @@ impl MemoryBroker {
         self.inner.rejecting.store(for_good, Ordering::Relaxed);
     }
 
+    /// Whether a refusal or a stall set for the next publishes is still waiting for one.
+    #[cfg(feature = "sim")]
+    pub(crate) fn faults_unused(&self) -> bool {
+        self.inner.refusing.load(Ordering::Relaxed) > 0
+            || self.inner.stalling.load(Ordering::Relaxed) > 0
+    }
+
     /// Takes one refusal, if any is due.
     fn refused(&self) -> bool {
         take_one(&self.inner.refusing)

@@ -184,17 +184,22 @@ impl<S: Send + Sync + 'static> Run<'_, S> {
             self.publish(index, 0).await;
         }
         self.idle().await;
+        let unused = if self.broker.faults_unused() {
+            " (no publish was made)"
+        } else {
+            ""
+        };
         self.broker.refuse_next(0);
         self.broker.stall_next(0);
         self.trace.0.push(match step {
             Step::Refuse => {
-                format!("deliver {list}; the first publish while it runs refused (broker away)")
+                format!("deliver {list}; the first publish while it runs refused (broker away){unused}")
             }
             Step::Stall => format!(
-                "deliver {list}; the first publish while it runs never answers (held past its deadline)"
+                "deliver {list}; the first publish while it runs never answers (held past its deadline){unused}"
             ),
             Step::Reject => format!(
-                "deliver {list}; the first publish while it runs rejected for good (`Rejected`)"
+                "deliver {list}; the first publish while it runs rejected for good (`Rejected`){unused}"
             ),
             _ => format!("deliver {list}"),
         });
