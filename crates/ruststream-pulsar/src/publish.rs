@@ -48,40 +48,68 @@ impl PulsarPublisher {
         headers: &Headers,
         payload: Vec<u8>,
     ) -> Result<(), PublishError> {
-        let refuse = |detail: String| PublishError::new(topic, PublishErrorKind::Rejected, detail);
-        let mut properties = std::collections::HashMap::with_capacity(headers.len());
-        for (name, value) in headers.iter() {
-            let text = std::str::from_utf8(value).map_err(|_| {
-                refuse(format!(
-                    "header `{name}` is not valid UTF-8, which Pulsar properties need"
-                ))
-            })?;
-            properties.insert(name.to_owned(), text.to_owned());
-        }
-        let partition_key = match key {
-            None => None,
-            Some(key) => Some(String::from_utf8(key.to_vec()).map_err(|_| {
-                refuse("the key is not valid UTF-8, which Pulsar partition keys need".to_owned())
-            })?),
-        };
-        let message = Message {
-            payload,
-            properties,
-            partition_key,
-            ..Default::default()
-        };
+        let message = message_of(topic, key, headers, payload)?;
         let receipt = {
             let mut producers = self.producers.lock().await;
-            producers
-                .send_non_blocking(topic, message)
-                .await
-                .map_err(|e| PublishError::new(topic, PublishErrorKind::Disconnected, e))?
+            start(&mut producers, topic, message).await?
         };
-        receipt
-            .await
-            .map(drop)
-            .map_err(|e| PublishError::new(topic, PublishErrorKind::Rejected, e))
+        received(topic, receipt).await
     }
+}
+
+/// A send started: its receipt to come.
+type Receipt = pulsar::producer::SendFuture;
+
+/// What Pulsar carries of a message: properties and the partition key are text, so a
+/// header or key that is not UTF-8 is refused by name.
+fn message_of(
+    topic: &str,
+    key: Option<&[u8]>,
+    headers: &Headers,
+    payload: Vec<u8>,
+) -> Result<Message, PublishError> {
+    let refuse = |detail: String| PublishError::new(topic, PublishErrorKind::Rejected, detail);
+    let mut properties = std::collections::HashMap::with_capacity(headers.len());
+    for (name, value) in headers.iter() {
+        let text = std::str::from_utf8(value).map_err(|_| {
+            refuse(format!(
+                "header `{name}` is not valid UTF-8, which Pulsar properties need"
+            ))
+        })?;
+        properties.insert(name.to_owned(), text.to_owned());
+    }
+    let partition_key = match key {
+        None => None,
+        Some(key) => Some(String::from_utf8(key.to_vec()).map_err(|_| {
+            refuse("the key is not valid UTF-8, which Pulsar partition keys need".to_owned())
+        })?),
+    };
+    Ok(Message {
+        payload,
+        properties,
+        partition_key,
+        ..Default::default()
+    })
+}
+
+/// Hands `message` to `topic`'s producer (waiting for room in its queue); its receipt.
+async fn start(
+    producers: &mut MultiTopicProducer<TokioExecutor>,
+    topic: &str,
+    message: Message,
+) -> Result<Receipt, PublishError> {
+    producers
+        .send_non_blocking(topic, message)
+        .await
+        .map_err(|e| PublishError::new(topic, PublishErrorKind::Disconnected, e))
+}
+
+/// The broker's receipt for a send.
+async fn received(topic: &str, receipt: Receipt) -> Result<(), PublishError> {
+    receipt
+        .await
+        .map(drop)
+        .map_err(|e| PublishError::new(topic, PublishErrorKind::Rejected, e))
 }
 
 impl Publish for PulsarPublisher {
@@ -98,6 +126,35 @@ impl Publish for PulsarPublisher {
                 message.payload.to_vec(),
             )
             .await
+        })
+    }
+
+    /// Every message handed to its producer under one hold of the producers (in order,
+    /// each waiting for room in its queue), then the receipts awaited together.
+    fn publish_all(&self, messages: Vec<Outgoing>) -> BoxFuture<'_, Vec<Result<(), PublishError>>> {
+        Box::pin(async move {
+            let mut started = Vec::with_capacity(messages.len());
+            {
+                let mut producers = self.producers.lock().await;
+                for message in &messages {
+                    let topic = &*message.address;
+                    let payload = message.payload.to_vec();
+                    started.push(
+                        match message_of(topic, message.key.as_deref(), &message.headers, payload) {
+                            Ok(m) => start(&mut producers, topic, m).await,
+                            Err(refused) => Err(refused),
+                        },
+                    );
+                }
+            }
+            let mut results = Vec::with_capacity(messages.len());
+            for (message, receipt) in messages.iter().zip(started) {
+                results.push(match receipt {
+                    Ok(receipt) => received(&message.address, receipt).await,
+                    Err(e) => Err(e),
+                });
+            }
+            results
         })
     }
 }

@@ -221,3 +221,47 @@ async fn send_all_beyond_the_clients_queue_waits_for_room_and_confirms_each() {
     assert!(failed.is_empty(), "refused: {failed:?}");
     assert_eq!(results.len(), 5_000);
 }
+
+/// `send_all` answers each message: one whose header Pulsar cannot carry (not UTF-8) is
+/// refused by name, the others before and after it are stored, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_all_refuses_only_the_message_pulsar_cannot_carry() {
+    let pulsar = pulsar().await;
+    let topic = unique("send-all-mixed");
+    let publisher = ruststream::Publisher::new(pulsar.publish_handle());
+    let messages = (0..10).map(|n| {
+        let mut message = ruststream::Outgoing::new(topic.as_str(), n.to_string());
+        if n == 4 {
+            message.headers.insert("raw", vec![0xff, 0xfe]);
+        }
+        message
+    });
+    let results = publisher.send_all(messages).await;
+    for (n, result) in results.iter().enumerate() {
+        match (n, result) {
+            (4, Err(e)) => assert!(e.to_string().contains("`raw`"), "{e}"),
+            (4, Ok(())) => panic!("a header that is not UTF-8 was sent"),
+            (_, result) => assert!(result.is_ok(), "{n}: {result:?}"),
+        }
+    }
+    let script = Script::new(|_| HandlerOutcome::ack());
+    let app = App::new()
+        .register(on(
+            pulsar.topic(&topic).subscription("read"),
+            handler(Arc::clone(&script)),
+        ))
+        .start()
+        .await
+        .expect("start");
+    eventually(Duration::from_secs(20), "the 9 stored", || {
+        script.count() == 9
+    })
+    .await;
+    app.stop().await;
+    let read: Vec<String> = script
+        .calls()
+        .iter()
+        .map(|c| String::from_utf8_lossy(&c.payload).into_owned())
+        .collect();
+    assert_eq!(read, ["0", "1", "2", "3", "5", "6", "7", "8", "9"]);
+}
