@@ -22,6 +22,14 @@ async fn main() {
     let nats = Nats::connect(&url).await.expect("nats");
     let n = env_count("BENCH_MESSAGES", 100_000);
     let rounds = env_count("BENCH_ROUNDS", 3);
+    // BENCH_ONLY=core or =jetstream runs one side's comparison only.
+    let only = std::env::var("BENCH_ONLY").unwrap_or_default();
+    if only != "jetstream" {
+        core(&nats, n, rounds).await;
+    }
+    if only == "core" {
+        return;
+    }
     let js = jetstream::new(nats.client().clone());
     let name = format!("BENCH_PUBLISH_{}", std::process::id());
     let (raw_subject, fw_subject) = (format!("{name}.raw"), format!("{name}.send_all"));
@@ -67,7 +75,6 @@ async fn main() {
     };
     compare("jetstream/publish", n, rounds, raw, framework).await;
     js.delete_stream(&name).await.expect("deleted");
-    core(&nats, n, rounds).await;
 }
 
 /// Core NATS: the raw loop publishes every message, then flushes once (what Core NATS

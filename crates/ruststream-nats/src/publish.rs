@@ -9,7 +9,7 @@ use async_nats::jetstream::context::{
     GetStreamByNameError, GetStreamByNameErrorKind, PublishAckFuture,
     PublishErrorKind as JsPublishErrorKind, RequestErrorKind as JsRequestErrorKind,
 };
-use async_nats::{Client, RequestErrorKind};
+use async_nats::{Client, RequestErrorKind, Subject};
 use bytes::Bytes;
 use ruststream_core::{
     BoxFuture, Cause, Headers, Outgoing, Publish, PublishError, PublishErrorKind,
@@ -136,14 +136,18 @@ impl NatsPublisher {
         headers: &Headers,
         payload: Bytes,
     ) -> Result<(), PublishError> {
-        self.send_core(subject, headers, payload).await?;
+        self.send_core(subject, Subject::from(subject), headers, payload)
+            .await?;
         self.flushed(subject).await
     }
 
     /// Hands a Core message to the client (not yet known to the server).
+    /// Hands a message to the client for `subject` (`to`: the client's form of it, which
+    /// a run of messages to one subject shares).
     async fn send_core(
         &self,
         subject: &str,
+        to: Subject,
         headers: &Headers,
         payload: Bytes,
     ) -> Result<(), PublishError> {
@@ -158,14 +162,9 @@ impl NatsPublisher {
             };
             PublishError::new(subject, kind, e)
         };
-        let subject_owned = subject.to_owned();
         match map {
-            Some(map) => {
-                self.client
-                    .publish_with_headers(subject_owned, map, payload)
-                    .await
-            }
-            None => self.client.publish(subject_owned, payload).await,
+            Some(map) => self.client.publish_with_headers(to, map, payload).await,
+            None => self.client.publish(to, payload).await,
         }
         .map_err(failed)
     }
@@ -362,13 +361,18 @@ impl Publish for NatsPublisher {
             let mut acks: std::collections::VecDeque<(usize, PublishAckFuture)> =
                 std::collections::VecDeque::with_capacity(ACK_WINDOW);
             let mut core = Vec::new();
-            // Where the previous message went: a run to one subject asks the routes once.
+            // Where the previous message went: a run to one subject asks the routes once
+            // (and shares the client's form of the subject).
             let mut last: Option<(&str, bool)> = None;
+            let mut to: Option<Subject> = None;
             for (i, message) in messages.iter().enumerate() {
                 let subject = &message.address;
                 let route = match last {
                     Some((previous, in_stream)) if previous == &**subject => Ok(in_stream),
-                    _ => self.in_stream(subject).await,
+                    _ => {
+                        to = None;
+                        self.in_stream(subject).await
+                    }
                 };
                 if let Ok(in_stream) = route {
                     last = Some((subject, in_stream));
@@ -388,7 +392,10 @@ impl Publish for NatsPublisher {
                     }
                     Ok(false) => {
                         let payload = message.payload.clone();
-                        let sent = self.send_core(subject, &message.headers, payload).await;
+                        let to = to.get_or_insert_with(|| Subject::from(subject.as_str()));
+                        let sent = self
+                            .send_core(subject, to.clone(), &message.headers, payload)
+                            .await;
                         core.extend(sent.is_ok().then_some(i));
                         sent
                     }
