@@ -141,9 +141,9 @@ impl NatsPublisher {
         self.flushed(subject).await
     }
 
-    /// Hands a Core message to the client (not yet known to the server).
-    /// Hands a message to the client for `subject` (`to`: the client's form of it, which
-    /// a run of messages to one subject shares).
+    /// Hands a Core message to the client for `subject` (not yet known to the server);
+    /// `to` is the client's form of the subject, which a run of messages to one subject
+    /// shares.
     async fn send_core(
         &self,
         subject: &str,

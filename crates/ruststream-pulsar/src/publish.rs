@@ -130,21 +130,39 @@ impl Publish for PulsarPublisher {
     }
 
     /// Every message handed to its producer under one hold of the producers (in order,
-    /// each waiting for room in its queue), then the receipts awaited together.
+    /// each waiting for room in its queue), then the receipts awaited in turn. Once a
+    /// topic's producer fails a send (a broker away), the batch's later messages to that
+    /// topic are not tried: each fails at once, saying so (the lock is not held for a
+    /// timeout per message, and nothing to that topic goes out after a failure).
     fn publish_all(&self, messages: Vec<Outgoing>) -> BoxFuture<'_, Vec<Result<(), PublishError>>> {
         Box::pin(async move {
             let mut started = Vec::with_capacity(messages.len());
             {
                 let mut producers = self.producers.lock().await;
+                let mut failed: Vec<(&str, PublishErrorKind)> = Vec::new();
                 for message in &messages {
                     let topic = &*message.address;
+                    if let Some((_, kind)) = failed.iter().find(|(t, _)| *t == topic) {
+                        let why = "not sent: an earlier message of this batch to the topic failed";
+                        started.push(Err(PublishError::new(topic, *kind, why)));
+                        continue;
+                    }
                     let payload = message.payload.to_vec();
-                    started.push(
-                        match message_of(topic, message.key.as_deref(), &message.headers, payload) {
-                            Ok(m) => start(&mut producers, topic, m).await,
-                            Err(refused) => Err(refused),
-                        },
-                    );
+                    let sent = match message_of(
+                        topic,
+                        message.key.as_deref(),
+                        &message.headers,
+                        payload,
+                    ) {
+                        Ok(m) => start(&mut producers, topic, m).await,
+                        Err(refused) => Err(refused),
+                    };
+                    if let Err(e) = &sent
+                        && e.kind().is_transient()
+                    {
+                        failed.push((topic, e.kind()));
+                    }
+                    started.push(sent);
                 }
             }
             let mut results = Vec::with_capacity(messages.len());

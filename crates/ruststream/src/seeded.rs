@@ -43,7 +43,9 @@ pub(crate) fn now() -> SystemTime {
 /// dropped.
 #[cfg(feature = "sim")]
 pub(crate) fn schedule(seed: u64) -> ScheduleGuard {
-    SCHEDULE.with(|s| s.set(Some((seed, tokio::time::Instant::now()))));
+    // Apart from the scheduler's own stream of the same seed.
+    let state = seed ^ 0x5EED_0FC4_A4CE;
+    SCHEDULE.with(|s| s.set(Some((state, tokio::time::Instant::now()))));
     ScheduleGuard
 }
 

@@ -413,13 +413,18 @@ impl Group {
         self.ready.notify_one();
     }
 
-    /// Drops every ready entry (a simulated crash of a broker that brings back only what
-    /// was committed, or nothing).
+    /// Drops the ready entries whose headers `which` picks (a simulated crash of a
+    /// broker that brings back only what was committed, or nothing).
     #[cfg(feature = "sim")]
-    pub(crate) fn purge_ready(&self) {
+    pub(crate) fn purge_ready(&self, which: &impl Fn(&Headers) -> bool) {
         let mut q = self.lock();
-        while let Some(index) = q.ready.pop_front() {
-            q.free(index as usize);
+        let ready = std::mem::take(&mut q.ready);
+        for index in ready {
+            if which(&q.slots[index as usize].message.headers) {
+                q.free(index as usize);
+            } else {
+                q.ready.push_back(index);
+            }
         }
         drop(q);
         self.tell_room(true);

@@ -19,7 +19,7 @@
 mod group;
 mod topic;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -57,7 +57,9 @@ struct Inner {
 
 #[derive(Debug, Default)]
 struct Address {
-    groups: HashMap<String, Arc<Group>>,
+    /// By name, in the names' order: a publish reaches the groups in an order that is
+    /// the same on every run (a simulation's seed replays exactly).
+    groups: BTreeMap<String, Arc<Group>>,
     /// Published before any group existed; the first group takes them.
     waiting: Vec<Stored>,
     /// Everything published here, when the broker records.
@@ -219,18 +221,22 @@ impl MemoryBroker {
         self.inner.stalling.store(count, Ordering::Relaxed);
     }
 
-    /// Drops every message ready on `address` in every group (what a consumer put back
-    /// when it closed): the simulation's crash on a broker that brings back only what it
-    /// committed (Kafka) or nothing (Core NATS).
+    /// Drops the messages ready on `address` (in every group) that `which` picks, by
+    /// their headers: the simulation's crash on a broker that brings back only what it
+    /// committed (Kafka) or nothing (Core NATS), for the messages it published itself.
     #[cfg(feature = "sim")]
-    pub(crate) fn purge_ready(&self, address: &str) {
+    pub(crate) fn purge_ready(
+        &self,
+        address: &str,
+        which: impl Fn(&ruststream_core::Headers) -> bool,
+    ) {
         let groups: Vec<Arc<Group>> = self
             .lock()
             .get(address)
             .map(|a| a.groups.values().cloned().collect())
             .unwrap_or_default();
         for group in groups {
-            group.purge_ready();
+            group.purge_ready(&which);
         }
     }
 

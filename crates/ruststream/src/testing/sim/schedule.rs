@@ -215,7 +215,8 @@ impl<S: Send + Sync + 'static> Run<'_, S> {
         match step {
             Step::Crash => self.crash().await,
             Step::Rebalance => {
-                let again = std::mem::take(&mut self.uncommitted);
+                // Read again, and still not committed.
+                let again = self.uncommitted.clone();
                 for &i in &again {
                     self.publish(i, 1).await;
                 }
@@ -229,6 +230,10 @@ impl<S: Send + Sync + 'static> Run<'_, S> {
                 let index =
                     group[usize::try_from(self.draw.below(group.len() as u64)).unwrap_or(0)];
                 self.publish(index, 0).await;
+                if self.sim.profile == Profile::Kafka {
+                    // Another record in the partition, read again by a crash too.
+                    self.uncommitted.push(index);
+                }
                 self.idle().await;
                 self.trace.0.push(format!(
                     "#{index} published again by its producer (a duplicate)"
@@ -250,7 +255,10 @@ impl<S: Send + Sync + 'static> Run<'_, S> {
         self.stop().await;
         self.start().await;
         let mut again = std::mem::take(&mut self.uncommitted);
-        if self.sim.profile != Profile::Kafka {
+        if self.sim.profile == Profile::Kafka {
+            // Read again, and still not committed.
+            self.uncommitted.clone_from(&again);
+        } else {
             // The last group's settlements had not landed; earlier ones had.
             again.drain(..again.len().saturating_sub(self.last_group));
         }
@@ -280,17 +288,28 @@ impl<S: Send + Sync + 'static> Run<'_, S> {
         let profile = self.sim.profile;
         self.stop().await;
         if matches!(profile, Profile::Kafka | Profile::CoreNats) {
-            self.broker.purge_ready(&self.sim.address);
+            // The inputs the closing consumer put back (or never took): Kafka reads
+            // them again from the last commit, below; Core NATS loses them. What the app
+            // published there itself (a retry copy) stays.
+            self.broker.purge_ready(&self.sim.address, |headers| {
+                headers.retry_count().ok().flatten().is_none()
+                    && headers
+                        .get_str(MESSAGE_ID_HEADER)
+                        .is_some_and(|id| id.starts_with("m-"))
+            });
         }
         self.start().await;
         let again = match profile {
-            Profile::Kafka => std::mem::take(&mut self.uncommitted),
-            _ => Vec::new(),
+            // Read again, and still not committed.
+            Profile::Kafka => self.uncommitted.clone(),
+            _ => {
+                self.uncommitted.clear();
+                Vec::new()
+            }
         };
         for &i in &again {
             self.publish(i, 1).await;
         }
-        self.uncommitted.clear();
         self.idle().await;
         self.trace.0.push(match profile {
             Profile::Kafka => format!(
