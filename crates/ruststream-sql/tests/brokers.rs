@@ -88,6 +88,32 @@ async fn publish(publisher: &Publisher, address: &str, n: i64) {
     }
 }
 
+/// Runs the app `reading` makes for a first reader, then for a second one reading the
+/// same ten messages again: every one is applied once, and the second reader's ten are
+/// skipped by `inbox`.
+async fn read_twice(
+    pool: &PgPool,
+    table: &str,
+    inbox: &Inbox,
+    limit: Duration,
+    reading: impl Fn(&str) -> App,
+) {
+    for (reader, expected_skips) in [("first", 0), ("second", 10)] {
+        let running = reading(reader).start().await.expect("start");
+        until(limit, "every message seen", async || {
+            sum(pool, table).await.0 == 10 && inbox.skipped() >= expected_skips
+        })
+        .await;
+        running.stop().await;
+    }
+    assert_eq!(
+        sum(pool, table).await,
+        (10, 55),
+        "each message applied once"
+    );
+    assert_eq!(inbox.skipped(), 10, "the second reader's ten skipped");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kafka_records_read_again_by_another_group_are_skipped() {
     let pool = pool().await;
@@ -96,34 +122,20 @@ async fn kafka_records_read_again_by_another_group_are_skipped() {
     let (table, handler) = ledger(&pool, &topic).await;
     publish(&Publisher::new(kafka.publish_handle()), &topic, 10).await;
     let inbox = Inbox::new(pool.clone());
-    for (group, expected_skips) in [("first", 0), ("second", 10)] {
-        let running = App::new()
-            .register(
-                on(
-                    kafka
-                        .topic(&topic)
-                        .group(format!("{topic}-{group}"))
-                        .commit(Commit::Tracked),
-                    handler.clone(),
-                )
-                .name(&topic)
-                .layer(inbox.clone()),
+    read_twice(&pool, &table, &inbox, Duration::from_secs(60), |group| {
+        App::new().register(
+            on(
+                kafka
+                    .topic(&topic)
+                    .group(format!("{topic}-{group}"))
+                    .commit(Commit::Tracked),
+                handler.clone(),
             )
-            .start()
-            .await
-            .expect("start");
-        until(Duration::from_secs(60), "every record seen", async || {
-            sum(&pool, &table).await.0 == 10 && inbox.skipped() >= expected_skips
-        })
-        .await;
-        running.stop().await;
-    }
-    assert_eq!(
-        sum(&pool, &table).await,
-        (10, 55),
-        "each record applied once"
-    );
-    assert_eq!(inbox.skipped(), 10, "the second group's ten skipped");
+            .name(&topic)
+            .layer(inbox.clone()),
+        )
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -143,28 +155,14 @@ async fn jetstream_messages_read_again_by_another_durable_are_skipped() {
     let (table, handler) = ledger(&pool, &name.to_lowercase()).await;
     publish(&Publisher::new(nats.publish_handle()), &name, 10).await;
     let inbox = Inbox::new(pool.clone());
-    for (durable, expected_skips) in [("first", 0), ("second", 10)] {
-        let running = App::new()
-            .register(
-                on(nats.consumer(&name, durable), handler.clone())
-                    .name(&name)
-                    .layer(inbox.clone()),
-            )
-            .start()
-            .await
-            .expect("start");
-        until(Duration::from_secs(30), "every message seen", async || {
-            sum(&pool, &table).await.0 == 10 && inbox.skipped() >= expected_skips
-        })
-        .await;
-        running.stop().await;
-    }
-    assert_eq!(
-        sum(&pool, &table).await,
-        (10, 55),
-        "each message applied once"
-    );
-    assert_eq!(inbox.skipped(), 10);
+    read_twice(&pool, &table, &inbox, Duration::from_secs(30), |durable| {
+        App::new().register(
+            on(nats.consumer(&name, durable), handler.clone())
+                .name(&name)
+                .layer(inbox.clone()),
+        )
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -177,28 +175,14 @@ async fn redis_entries_read_again_by_another_group_are_skipped() {
     let (table, handler) = ledger(&pool, &stream_name).await;
     publish(&Publisher::new(redis.publish_handle()), &stream_name, 10).await;
     let inbox = Inbox::new(pool.clone());
-    for (group, expected_skips) in [("first", 0), ("second", 10)] {
-        let running = App::new()
-            .register(
-                on(redis.stream(&stream_name, group), handler.clone())
-                    .name(&stream_name)
-                    .layer(inbox.clone()),
-            )
-            .start()
-            .await
-            .expect("start");
-        until(Duration::from_secs(30), "every entry seen", async || {
-            sum(&pool, &table).await.0 == 10 && inbox.skipped() >= expected_skips
-        })
-        .await;
-        running.stop().await;
-    }
-    assert_eq!(
-        sum(&pool, &table).await,
-        (10, 55),
-        "each entry applied once"
-    );
-    assert_eq!(inbox.skipped(), 10);
+    read_twice(&pool, &table, &inbox, Duration::from_secs(30), |group| {
+        App::new().register(
+            on(redis.stream(&stream_name, group), handler.clone())
+                .name(&stream_name)
+                .layer(inbox.clone()),
+        )
+    })
+    .await;
 }
 
 /// On Pulsar a message's id is the broker's message id (ledger, entry, partition, batch
@@ -216,9 +200,13 @@ async fn pulsar_messages_read_again_by_another_subscription_are_skipped() {
     let (table, handler) = ledger(&pool, &topic).await;
     publish(&Publisher::new(pulsar.publish_handle()), &topic, 10).await;
     let inbox = Inbox::new(pool.clone());
-    for (subscription, expected_skips) in [("first", 0), ("second", 10)] {
-        let running = App::new()
-            .register(
+    read_twice(
+        &pool,
+        &table,
+        &inbox,
+        Duration::from_secs(30),
+        |subscription| {
+            App::new().register(
                 on(
                     pulsar.topic(&topic).subscription(subscription),
                     handler.clone(),
@@ -226,21 +214,9 @@ async fn pulsar_messages_read_again_by_another_subscription_are_skipped() {
                 .name(&topic)
                 .layer(inbox.clone()),
             )
-            .start()
-            .await
-            .expect("start");
-        until(Duration::from_secs(30), "every message seen", async || {
-            sum(&pool, &table).await.0 == 10 && inbox.skipped() >= expected_skips
-        })
-        .await;
-        running.stop().await;
-    }
-    assert_eq!(
-        sum(&pool, &table).await,
-        (10, 55),
-        "each message applied once"
-    );
-    assert_eq!(inbox.skipped(), 10, "the second subscription's ten skipped");
+        },
+    )
+    .await;
 }
 
 /// On RabbitMQ a message's id is its `x-ruststream-id`, else its AMQP `message-id`

@@ -12,6 +12,25 @@ use ruststream::core::MESSAGE_ID_HEADER;
 use ruststream::testing::sim::{Profile, Simulation};
 use ruststream::{App, HandlerOutcome, Headers, Message, Meta, State, on};
 
+/// The profiles of brokers that deliver at least once.
+const AT_LEAST_ONCE: [Profile; 5] = [
+    Profile::Kafka,
+    Profile::JetStream,
+    Profile::RabbitMq,
+    Profile::Redis,
+    Profile::Pulsar,
+];
+
+/// Every transport's profile.
+const EVERY: [Profile; 6] = [
+    Profile::Kafka,
+    Profile::JetStream,
+    Profile::RabbitMq,
+    Profile::Redis,
+    Profile::Pulsar,
+    Profile::CoreNats,
+];
+
 /// What the service saw: each handler call's order and attempt, and the charges.
 #[derive(Clone, Default)]
 struct Ledger {
@@ -89,13 +108,7 @@ fn the_same_seed_gives_the_same_steps_every_time() {
 
 #[test]
 fn a_handler_that_is_not_idempotent_is_caught_under_every_at_least_once_profile() {
-    for profile in [
-        Profile::Kafka,
-        Profile::JetStream,
-        Profile::RabbitMq,
-        Profile::Redis,
-        Profile::Pulsar,
-    ] {
+    for profile in AT_LEAST_ONCE {
         let failure = simulation(profile, false, 20)
             .check(0..1_000)
             .expect_err("a redelivery charges twice");
@@ -111,13 +124,7 @@ fn a_handler_that_is_not_idempotent_is_caught_under_every_at_least_once_profile(
 
 #[test]
 fn the_same_handler_deduplicating_by_message_id_passes_10_000_seeds() {
-    for profile in [
-        Profile::Kafka,
-        Profile::JetStream,
-        Profile::RabbitMq,
-        Profile::Redis,
-        Profile::Pulsar,
-    ] {
+    for profile in AT_LEAST_ONCE {
         let started = Instant::now();
         let ran = simulation(profile, true, 20)
             .check(0..10_000)
@@ -154,14 +161,7 @@ fn core_nats_loses_messages_as_its_spec_says() {
 /// delivers anything twice.
 #[test]
 fn each_profile_injects_only_what_its_broker_allows() {
-    for profile in [
-        Profile::Kafka,
-        Profile::JetStream,
-        Profile::RabbitMq,
-        Profile::Redis,
-        Profile::Pulsar,
-        Profile::CoreNats,
-    ] {
+    for profile in EVERY {
         for seed in 0..200 {
             let calls: Arc<Mutex<Vec<(u64, u32)>>> = Arc::default();
             let seen = Arc::clone(&calls);
@@ -409,13 +409,7 @@ fn a_copy_the_broker_never_confirms_holds_nothing_for_ever() {
             .map(|m| serde_json::from_slice(&m.payload).expect("json"))
             .collect()
     };
-    for profile in [
-        Profile::Kafka,
-        Profile::JetStream,
-        Profile::RabbitMq,
-        Profile::Redis,
-        Profile::Pulsar,
-    ] {
+    for profile in AT_LEAST_ONCE {
         Simulation::new(
             profile,
             || (),
@@ -549,13 +543,7 @@ fn handlers_cut_short_by_a_crash_are_caught_and_interleavings_replay() {
     for _ in 0..100 {
         assert_eq!(book(3), first, "the same interleaving");
     }
-    for profile in [
-        Profile::Kafka,
-        Profile::JetStream,
-        Profile::RabbitMq,
-        Profile::Redis,
-        Profile::Pulsar,
-    ] {
+    for profile in AT_LEAST_ONCE {
         let failure = transfers(profile, false, Book::default)
             .check(0..1_000)
             .expect_err("a transfer cut short");
@@ -636,14 +624,7 @@ fn lanes_keep_per_key_order_under_every_profile() {
         seen.0.lock().unwrap().entry(key).or_default().push(n);
         HandlerOutcome::ack()
     }
-    for profile in [
-        Profile::Kafka,
-        Profile::JetStream,
-        Profile::RabbitMq,
-        Profile::Redis,
-        Profile::Pulsar,
-        Profile::CoreNats,
-    ] {
+    for profile in EVERY {
         Simulation::new(profile, Seen::default, |broker, seen| {
             App::new()
                 .state(Seen::clone(&seen))

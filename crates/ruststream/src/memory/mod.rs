@@ -26,6 +26,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use ruststream_core::{BoxFuture, Outgoing, Publish, PublishError, PublishErrorKind};
 
 pub use topic::{MemorySubscription, MemoryTopic};
+#[cfg(feature = "sim")]
+pub(crate) use topic::{NATIVE, RUNTIME_RETRIES};
 
 use crate::publisher::Publisher;
 use group::{Group, Stored};

@@ -23,7 +23,7 @@ pub struct MemoryTopic {
 }
 
 /// The memory broker's own: it counts deliveries, holds a delayed one, redelivers.
-const NATIVE: Capabilities = Capabilities::NOTHING
+pub(crate) const NATIVE: Capabilities = Capabilities::NOTHING
     .with_ack(Verb::Native)
     .with_drop(Verb::Native)
     .with_redeliver(Verb::Native)
@@ -35,7 +35,7 @@ const NATIVE: Capabilities = Capabilities::NOTHING
     .with_rewinds(false);
 
 /// [`MemoryTopic::runtime_retries`]: as Kafka `Commit::Tracked`.
-const RUNTIME_RETRIES: Capabilities = Capabilities::NOTHING
+pub(crate) const RUNTIME_RETRIES: Capabilities = Capabilities::NOTHING
     .with_ack(Verb::Native)
     .with_drop(Verb::AsAck)
     .with_redeliver(Verb::Native)

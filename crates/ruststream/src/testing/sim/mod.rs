@@ -63,10 +63,10 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use ruststream_core::{Capabilities, DeadLetters, DelayedRedelivery, Verb};
+use ruststream_core::{Capabilities, DelayedRedelivery, Verb};
 
 use crate::app::App;
-use crate::memory::MemoryBroker;
+use crate::memory::{MemoryBroker, NATIVE, RUNTIME_RETRIES};
 
 /// What the simulated broker may do besides delivering: one per transport's rules.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,28 +98,18 @@ impl Profile {
     /// `MULTI`, Pulsar's client moves it). `ruststream-guide`'s `tests/profiles.rs` holds
     /// each to its transport.
     pub const fn capabilities(self) -> Capabilities {
-        let acks = Capabilities::NOTHING
-            .with_ack(Verb::Native)
-            .with_drop(Verb::Native)
-            .with_redeliver(Verb::Native)
-            .with_dead_letters(DeadLetters::Runtime)
-            .with_holds_original(true);
+        // The memory broker's own (a JetStream's) or Kafka's, changed where the
+        // transport differs.
         match self {
-            Self::Kafka => acks
+            Self::Kafka => RUNTIME_RETRIES,
+            Self::JetStream | Self::Memory => NATIVE,
+            Self::RabbitMq => NATIVE
+                .with_native_count(false)
+                .with_delayed_redelivery(DelayedRedelivery::Unsupported),
+            Self::Redis => NATIVE.with_delayed_redelivery(DelayedRedelivery::Held { limit: None }),
+            Self::Pulsar => NATIVE
                 .with_drop(Verb::AsAck)
-                .with_delayed_redelivery(DelayedRedelivery::Unsupported)
-                .with_redeliver_in_place(true),
-            Self::JetStream | Self::Memory => acks
-                .with_delayed_redelivery(DelayedRedelivery::Native)
-                .with_native_count(true),
-            Self::RabbitMq => acks.with_delayed_redelivery(DelayedRedelivery::Unsupported),
-            Self::Redis => acks
-                .with_delayed_redelivery(DelayedRedelivery::Held { limit: None })
-                .with_native_count(true),
-            Self::Pulsar => acks
-                .with_drop(Verb::AsAck)
-                .with_delayed_redelivery(DelayedRedelivery::Held { limit: None })
-                .with_native_count(true),
+                .with_delayed_redelivery(DelayedRedelivery::Held { limit: None }),
             Self::CoreNats => Capabilities::NOTHING,
         }
     }
