@@ -127,13 +127,18 @@ pub trait Publish: Send + Sync + 'static {
     fn publish(&self, message: Outgoing) -> BoxFuture<'_, Result<(), PublishError>>;
 
     /// Publishes every message and waits for all the confirmations together: a result
-    /// per message, in order. By default every `publish` is started at once and their
-    /// confirmations awaited together (the client pipelines them); a transport with a
-    /// bulk form of its own (a Redis pipeline) overrides it.
-    fn publish_all(&self, messages: Vec<Outgoing>) -> BoxFuture<'_, Vec<Result<(), PublishError>>> {
+    /// per message, in order. The messages come as they are made (a transport takes one,
+    /// sends it and lets it go before it takes the next: none is gathered first). By
+    /// default every `publish` is started at once and their confirmations awaited
+    /// together (the client pipelines them); a transport with a bulk form of its own (a
+    /// Redis pipeline) overrides it.
+    fn publish_all<'a>(
+        &'a self,
+        messages: Box<dyn Iterator<Item = Outgoing> + Send + 'a>,
+    ) -> BoxFuture<'a, Vec<Result<(), PublishError>>> {
         use futures_util::StreamExt;
         let all: futures_util::stream::FuturesOrdered<_> =
-            messages.into_iter().map(|m| self.publish(m)).collect();
+            messages.map(|m| self.publish(m)).collect();
         Box::pin(all.collect())
     }
 

@@ -7,7 +7,9 @@ use crate::context::KafkaContext;
 use bytes::Bytes;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use ruststream_core::{BoxFuture, Headers, Outgoing, Publish, PublishError, PublishErrorKind};
+use ruststream_core::{
+    AddressNames, BoxFuture, Headers, Outgoing, Publish, PublishError, PublishErrorKind,
+};
 
 /// How long a record may wait for its delivery report.
 pub const DELIVERY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -159,24 +161,31 @@ impl Publish for KafkaPublisher {
         ruststream_core::Described::new("kafka", &self.brokers)
     }
 
-    /// Every record handed to librdkafka at once, then the delivery reports awaited
+    /// Every record handed to librdkafka as it comes, then the delivery reports awaited
     /// together. A full producer queue waits for the reports of what is queued, then
-    /// tries the record once more.
-    fn publish_all(&self, messages: Vec<Outgoing>) -> BoxFuture<'_, Vec<Result<(), PublishError>>> {
+    /// tries the record once more. A message is let go once librdkafka has its copy;
+    /// only its address (shared by a run to one topic) waits with its report.
+    fn publish_all<'a>(
+        &'a self,
+        messages: Box<dyn Iterator<Item = Outgoing> + Send + 'a>,
+    ) -> BoxFuture<'a, Vec<Result<(), PublishError>>> {
         Box::pin(async move {
-            let mut results: Vec<Result<(), PublishError>> = Vec::with_capacity(messages.len());
-            let mut queued = Vec::with_capacity(messages.len());
-            for (i, message) in messages.iter().enumerate() {
-                let mut sent = self.producer.send_result(record_of(message));
+            let mut results: Vec<Result<(), PublishError>> =
+                Vec::with_capacity(messages.size_hint().0);
+            let mut queued = Vec::with_capacity(messages.size_hint().0);
+            let mut names = AddressNames::default();
+            for message in messages {
+                let i = results.len();
+                let mut sent = self.producer.send_result(record_of(&message));
                 if let Err((e, _)) = &sent
                     && e.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::QueueFull)
                 {
-                    reported(&messages, &mut results, queued.drain(..)).await;
-                    sent = self.producer.send_result(record_of(message));
+                    reported(&mut results, queued.drain(..)).await;
+                    sent = self.producer.send_result(record_of(&message));
                 }
                 match sent {
                     Ok(report) => {
-                        queued.push((i, report));
+                        queued.push((i, names.get(&message.address), report));
                         results.push(Ok(()));
                     }
                     Err((e, _)) => {
@@ -184,26 +193,24 @@ impl Publish for KafkaPublisher {
                     }
                 }
             }
-            reported(&messages, &mut results, queued.into_iter()).await;
+            reported(&mut results, queued.into_iter()).await;
             results
         })
     }
 }
 
-/// Awaits the delivery reports of `queued` (index, report), writing failures into
-/// `results`.
+/// Awaits the delivery reports of `queued` (index, address, report), writing failures
+/// into `results`.
 async fn reported(
-    messages: &[Outgoing],
     results: &mut [Result<(), PublishError>],
-    queued: impl Iterator<Item = (usize, rdkafka::producer::DeliveryFuture)>,
+    queued: impl Iterator<Item = (usize, Arc<str>, rdkafka::producer::DeliveryFuture)>,
 ) {
-    for (i, report) in queued {
-        let address = &messages[i].address;
+    for (i, address, report) in queued {
         results[i] = match report.await {
             Ok(Ok(_)) => Ok(()),
-            Ok(Err((e, _))) => Err(PublishError::new(address, kind(&e), e)),
+            Ok(Err((e, _))) => Err(PublishError::new(&*address, kind(&e), e)),
             Err(_) => Err(PublishError::new(
-                address,
+                &*address,
                 PublishErrorKind::Disconnected,
                 "the producer went away before the delivery report",
             )),

@@ -1,7 +1,7 @@
 //! Publishing on NATS: confirmed Core publishes, JetStream publishes with their publish
 //! acknowledgement (and `Nats-Msg-Id` deduplication), typed request/reply.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -12,7 +12,7 @@ use async_nats::jetstream::context::{
 use async_nats::{Client, RequestErrorKind, Subject};
 use bytes::Bytes;
 use ruststream_core::{
-    BoxFuture, Cause, Headers, Outgoing, Publish, PublishError, PublishErrorKind,
+    AddressNames, BoxFuture, Cause, Headers, Outgoing, Publish, PublishError, PublishErrorKind,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -354,64 +354,71 @@ impl Publish for NatsPublisher {
     }
 
     /// JetStream messages sent one after another with up to 1,000 acknowledgements in
-    /// flight; Core messages handed to the client, then one flush confirms them all.
-    fn publish_all(&self, messages: Vec<Outgoing>) -> BoxFuture<'_, Vec<Result<(), PublishError>>> {
+    /// flight; Core messages handed to the client, then one flush confirms them all. A
+    /// message is let go once sent: only its address (shared by a run to one subject)
+    /// waits with its acknowledgement.
+    fn publish_all<'a>(
+        &'a self,
+        messages: Box<dyn Iterator<Item = Outgoing> + Send + 'a>,
+    ) -> BoxFuture<'a, Vec<Result<(), PublishError>>> {
         Box::pin(async move {
-            let mut results: Vec<Result<(), PublishError>> = Vec::with_capacity(messages.len());
-            let mut acks: std::collections::VecDeque<(usize, PublishAckFuture)> =
-                std::collections::VecDeque::with_capacity(ACK_WINDOW);
-            let mut core = Vec::new();
+            let mut results: Vec<Result<(), PublishError>> =
+                Vec::with_capacity(messages.size_hint().0);
+            let mut acks: VecDeque<(usize, Arc<str>, PublishAckFuture)> =
+                VecDeque::with_capacity(ACK_WINDOW);
+            let mut core: Vec<(usize, Arc<str>)> = Vec::new();
+            let mut names = AddressNames::default();
             // Where the previous message went: a run to one subject asks the routes once
             // (and shares the client's form of the subject).
-            let mut last: Option<(&str, bool)> = None;
+            let mut last: Option<(Arc<str>, bool)> = None;
             let mut to: Option<Subject> = None;
-            for (i, message) in messages.iter().enumerate() {
-                let subject = &message.address;
-                let route = match last {
-                    Some((previous, in_stream)) if previous == &**subject => Ok(in_stream),
+            for message in messages {
+                let i = results.len();
+                let subject = names.get(&message.address);
+                let route = match &last {
+                    Some((previous, in_stream)) if Arc::ptr_eq(previous, &subject) => {
+                        Ok(*in_stream)
+                    }
                     _ => {
                         to = None;
-                        self.in_stream(subject).await
+                        self.in_stream(&subject).await
                     }
                 };
                 if let Ok(in_stream) = route {
-                    last = Some((subject, in_stream));
+                    last = Some((Arc::clone(&subject), in_stream));
                 }
                 let sent = match route {
                     Ok(true) => {
                         if acks.len() == ACK_WINDOW
-                            && let Some((at, ack)) = acks.pop_front()
+                            && let Some((at, address, ack)) = acks.pop_front()
                         {
-                            results[at] = stored(&messages[at].address, ack).await.map(drop);
+                            results[at] = stored(&address, ack).await.map(drop);
                         }
                         let id = message.extras.get::<MessageId>().map(|id| id.0.as_str());
-                        let payload = message.payload.clone();
-                        self.send_jetstream(subject, &message.headers, payload, id)
+                        self.send_jetstream(&subject, &message.headers, message.payload, id)
                             .await
-                            .map(|ack| acks.push_back((i, ack)))
+                            .map(|ack| acks.push_back((i, subject, ack)))
                     }
                     Ok(false) => {
-                        let payload = message.payload.clone();
-                        let to = to.get_or_insert_with(|| Subject::from(subject.as_str()));
+                        let to = to.get_or_insert_with(|| Subject::from(&*subject));
                         let sent = self
-                            .send_core(subject, to.clone(), &message.headers, payload)
+                            .send_core(&subject, to.clone(), &message.headers, message.payload)
                             .await;
-                        core.extend(sent.is_ok().then_some(i));
+                        core.extend(sent.is_ok().then_some((i, subject)));
                         sent
                     }
                     Err(e) => Err(e),
                 };
                 results.push(sent);
             }
-            for (at, ack) in acks {
-                results[at] = stored(&messages[at].address, ack).await.map(drop);
+            for (at, address, ack) in acks {
+                results[at] = stored(&address, ack).await.map(drop);
             }
-            if let Some(&first) = core.first()
-                && let Err(e) = self.flushed(&messages[first].address).await
+            if let Some((_, first)) = core.first()
+                && let Err(e) = self.flushed(first).await
             {
-                for at in core {
-                    let address = &messages[at].address;
-                    results[at] = Err(PublishError::new(address, e.kind(), e.to_string()));
+                for (at, address) in core {
+                    results[at] = Err(PublishError::new(&*address, e.kind(), e.to_string()));
                 }
             }
             results

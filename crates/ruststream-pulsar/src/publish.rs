@@ -4,7 +4,9 @@ use std::sync::Arc;
 
 use pulsar::TokioExecutor;
 use pulsar::producer::{Message, MultiTopicProducer};
-use ruststream_core::{BoxFuture, Headers, Outgoing, Publish, PublishError, PublishErrorKind};
+use ruststream_core::{
+    AddressNames, BoxFuture, Headers, Outgoing, Publish, PublishError, PublishErrorKind,
+};
 use tokio::sync::Mutex;
 
 /// Publishes to any topic (one producer per topic, made on first use). Cheap to clone.
@@ -134,41 +136,42 @@ impl Publish for PulsarPublisher {
     /// topic's producer fails a send (a broker away), the batch's later messages to that
     /// topic are not tried: each fails at once, saying so (the lock is not held for a
     /// timeout per message, and nothing to that topic goes out after a failure).
-    fn publish_all(&self, messages: Vec<Outgoing>) -> BoxFuture<'_, Vec<Result<(), PublishError>>> {
+    fn publish_all<'a>(
+        &'a self,
+        messages: Box<dyn Iterator<Item = Outgoing> + Send + 'a>,
+    ) -> BoxFuture<'a, Vec<Result<(), PublishError>>> {
         Box::pin(async move {
-            let mut started = Vec::with_capacity(messages.len());
+            let mut started = Vec::with_capacity(messages.size_hint().0);
             {
                 let mut producers = self.producers.lock().await;
-                let mut failed: Vec<(&str, PublishErrorKind)> = Vec::new();
-                for message in &messages {
-                    let topic = &*message.address;
+                let mut names = AddressNames::default();
+                let mut failed: Vec<(Arc<str>, PublishErrorKind)> = Vec::new();
+                for message in messages {
+                    let topic = names.get(&message.address);
                     if let Some((_, kind)) = failed.iter().find(|(t, _)| *t == topic) {
                         let why = "not sent: an earlier message of this batch to the topic failed";
-                        started.push(Err(PublishError::new(topic, *kind, why)));
+                        started.push((Err(PublishError::new(&*topic, *kind, why)), topic));
                         continue;
                     }
                     let payload = message.payload.to_vec();
-                    let sent = match message_of(
-                        topic,
-                        message.key.as_deref(),
-                        &message.headers,
-                        payload,
-                    ) {
-                        Ok(m) => start(&mut producers, topic, m).await,
-                        Err(refused) => Err(refused),
-                    };
+                    let sent =
+                        match message_of(&topic, message.key.as_deref(), &message.headers, payload)
+                        {
+                            Ok(m) => start(&mut producers, &topic, m).await,
+                            Err(refused) => Err(refused),
+                        };
                     if let Err(e) = &sent
                         && e.kind().is_transient()
                     {
-                        failed.push((topic, e.kind()));
+                        failed.push((Arc::clone(&topic), e.kind()));
                     }
-                    started.push(sent);
+                    started.push((sent, topic));
                 }
             }
-            let mut results = Vec::with_capacity(messages.len());
-            for (message, receipt) in messages.iter().zip(started) {
+            let mut results = Vec::with_capacity(started.len());
+            for (receipt, topic) in started {
                 results.push(match receipt {
-                    Ok(receipt) => received(&message.address, receipt).await,
+                    Ok(receipt) => received(&topic, receipt).await,
                     Err(e) => Err(e),
                 });
             }

@@ -4,7 +4,9 @@
 use std::sync::Arc;
 
 use redis::aio::ConnectionManager;
-use ruststream_core::{BoxFuture, Headers, Outgoing, Publish, PublishError, PublishErrorKind};
+use ruststream_core::{
+    AddressNames, BoxFuture, Headers, Outgoing, Publish, PublishError, PublishErrorKind,
+};
 
 /// The field an entry's payload is written to and read from; every other field is a
 /// header.
@@ -78,17 +80,22 @@ impl Publish for RedisPublisher {
     /// One pipeline of `XADD`s: one write, one read of all the replies, a result each
     /// (a failed command fails its own message only; a lost connection, every message of
     /// the pipeline, some of which Redis may have added).
-    fn publish_all(&self, messages: Vec<Outgoing>) -> BoxFuture<'_, Vec<Result<(), PublishError>>> {
+    fn publish_all<'a>(
+        &'a self,
+        messages: Box<dyn Iterator<Item = Outgoing> + Send + 'a>,
+    ) -> BoxFuture<'a, Vec<Result<(), PublishError>>> {
         Box::pin(async move {
-            let mut results: Vec<Result<(), PublishError>> = Vec::with_capacity(messages.len());
+            let mut results: Vec<Result<(), PublishError>> =
+                Vec::with_capacity(messages.size_hint().0);
             let mut pipe = redis::pipe();
             pipe.ignore_errors();
-            let mut sent = Vec::with_capacity(messages.len());
-            for (i, message) in messages.iter().enumerate() {
+            let mut names = AddressNames::default();
+            let mut sent = Vec::with_capacity(messages.size_hint().0);
+            for message in messages {
                 match xadd(&message.address, &message.headers, &message.payload) {
                     Ok(command) => {
                         pipe.add_command(command);
-                        sent.push(i);
+                        sent.push((results.len(), names.get(&message.address)));
                         results.push(Ok(()));
                     }
                     Err(refused) => results.push(Err(refused)),
@@ -103,17 +110,15 @@ impl Publish for RedisPublisher {
                 .await
             {
                 Ok(replies) => {
-                    for (i, reply) in sent.into_iter().zip(replies) {
+                    for ((i, address), reply) in sent.into_iter().zip(replies) {
                         if let Err(e) = reply {
-                            let address = &messages[i].address;
-                            results[i] = Err(PublishError::new(address, kind(&e), e));
+                            results[i] = Err(PublishError::new(&*address, kind(&e), e));
                         }
                     }
                 }
                 Err(e) => {
-                    for i in sent {
-                        let address = &messages[i].address;
-                        results[i] = Err(PublishError::new(address, kind(&e), e.to_string()));
+                    for (i, address) in sent {
+                        results[i] = Err(PublishError::new(&*address, kind(&e), e.to_string()));
                     }
                 }
             }

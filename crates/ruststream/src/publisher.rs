@@ -48,7 +48,10 @@ impl Publisher {
     /// were refused. Each transport pipelines them (Kafka produces all and awaits the
     /// delivery reports together, JetStream and Pulsar await their acks together,
     /// RabbitMQ its publisher confirms, Redis pipelines the `XADD`s over its
-    /// connection); a refused message does not stop the others.
+    /// connection); a refused message does not stop the others. The messages are taken
+    /// one at a time as the transport sends them, so an iterator that makes each one
+    /// (as below) never holds them all at once; it is `Send`, as it travels with the
+    /// future that sends them.
     ///
     /// ```
     /// # async fn example(publisher: ruststream::Publisher) {
@@ -61,16 +64,13 @@ impl Publisher {
     /// ```
     pub async fn send_all(
         &self,
-        messages: impl IntoIterator<Item = Outgoing>,
+        messages: impl IntoIterator<Item = Outgoing, IntoIter: Send>,
     ) -> Vec<Result<(), PublishError>> {
-        let messages = messages
-            .into_iter()
-            .map(|mut message| {
-                crate::trace_context::inject(&mut message.headers);
-                message
-            })
-            .collect();
-        self.inner.publish_all(messages).await
+        let messages = messages.into_iter().map(|mut message| {
+            crate::trace_context::inject(&mut message.headers);
+            message
+        });
+        self.inner.publish_all(Box::new(messages)).await
     }
 
     /// The transport's publish.

@@ -306,7 +306,11 @@ async fn acking_batch_app(
 }
 
 /// Publishes each payload to `address` at once (`send_all`), asserting each went out.
-async fn publish_all(bed: &impl Bed, address: &str, payloads: impl IntoIterator<Item = Vec<u8>>) {
+async fn publish_all(
+    bed: &impl Bed,
+    address: &str,
+    payloads: impl IntoIterator<Item = Vec<u8>, IntoIter: Send>,
+) {
     let messages = payloads
         .into_iter()
         .map(|payload| ruststream_core::Outgoing::new(address, payload));

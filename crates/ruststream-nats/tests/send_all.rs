@@ -1,0 +1,77 @@
+//! `send_all` against a real nats-server: messages taken one at a time as they are sent,
+//! JetStream and Core subjects mixed in one call, a result for each.
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::{create_stream, nats, unique};
+use ruststream::Publisher;
+use ruststream::core::{Outgoing, PublishErrorKind};
+use ruststream_nats::MessageId;
+use ruststream_nats::async_nats::jetstream;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_all_mixes_stream_and_core_subjects_and_answers_each() {
+    let nats = nats().await;
+    let name = unique("SENDALL");
+    let (stored, core) = (format!("{name}.in"), format!("{name}.core"));
+    create_stream(&nats, &name, std::slice::from_ref(&stored)).await;
+    let mut heard = nats.client().subscribe(core.clone()).await.expect("sub");
+    nats.client().flush().await.expect("flushed");
+    let messages = vec![
+        Outgoing::new(stored.as_str(), "s1"),
+        Outgoing::new(core.as_str(), "c1"),
+        Outgoing::new(format!("{name}.bad subject"), "refused"),
+        Outgoing::new(stored.as_str(), "s2"),
+        Outgoing::new(core.as_str(), "c2"),
+        // The stream keeps one message per id: the second is confirmed, not stored.
+        {
+            let mut m = Outgoing::new(stored.as_str(), "s3");
+            m.extras.insert(MessageId("once".into()));
+            m
+        },
+        {
+            let mut m = Outgoing::new(stored.as_str(), "s3 again");
+            m.extras.insert(MessageId("once".into()));
+            m
+        },
+    ];
+    // Made as they are taken: the iterator is consumed lazily, in order.
+    let results = Publisher::new(nats.publish_handle())
+        .send_all(messages.into_iter())
+        .await;
+    assert_eq!(results.len(), 7);
+    for (i, result) in results.iter().enumerate() {
+        if i == 2 {
+            let e = result
+                .as_ref()
+                .expect_err("a subject with a space is refused");
+            assert!(e.to_string().contains("bad subject"), "{e}");
+            assert!(!e.kind().is_transient(), "{:?}", e.kind());
+            assert_ne!(e.kind(), PublishErrorKind::Disconnected);
+        } else {
+            assert!(result.is_ok(), "message {i}: {result:?}");
+        }
+    }
+    let stream = jetstream::new(nats.client().clone())
+        .get_stream(&name)
+        .await
+        .expect("stream");
+    let mut payloads = Vec::new();
+    for sequence in 1..=stream.cached_info().state.messages {
+        let message = stream.get_raw_message(sequence).await.expect("stored");
+        payloads.push(message.payload);
+    }
+    assert_eq!(payloads, [Bytes::from("s1"), "s2".into(), "s3".into()]);
+    for expected in ["c1", "c2"] {
+        let message = tokio::time::timeout(Duration::from_secs(5), heard.next())
+            .await
+            .expect("heard in time")
+            .expect("subscription open");
+        assert_eq!(message.payload, expected);
+    }
+}
+
+use futures_util::StreamExt as _;
