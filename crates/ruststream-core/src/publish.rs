@@ -127,11 +127,11 @@ pub trait Publish: Send + Sync + 'static {
     fn publish(&self, message: Outgoing) -> BoxFuture<'_, Result<(), PublishError>>;
 
     /// Publishes every message and waits for all the confirmations together: a result
-    /// per message, in order. The messages come as they are made (a transport takes one,
-    /// sends it and lets it go before it takes the next: none is gathered first). By
-    /// default every `publish` is started at once and their confirmations awaited
-    /// together (the client pipelines them); a transport with a bulk form of its own (a
-    /// Redis pipeline) overrides it.
+    /// per message, in order. The messages come as the caller's iterator makes them; a
+    /// transport that sends each before it takes the next can let each go once sent
+    /// (Kafka, NATS, Redis; Pulsar a chunk at a time). By default every `publish` is
+    /// started at once and their confirmations awaited together (the client pipelines
+    /// them): each message is then held until its own confirmation.
     fn publish_all<'a>(
         &'a self,
         messages: Box<dyn Iterator<Item = Outgoing> + Send + 'a>,

@@ -1,5 +1,5 @@
-//! `send_all` against a real nats-server: messages taken one at a time as they are sent,
-//! JetStream and Core subjects mixed in one call, a result for each.
+//! `send_all` against a real nats-server: JetStream and Core subjects mixed in one call,
+//! a result for each, a refused subject alone.
 
 mod common;
 
@@ -22,10 +22,11 @@ async fn send_all_mixes_stream_and_core_subjects_and_answers_each() {
     nats.client().flush().await.expect("flushed");
     let messages = vec![
         Outgoing::new(stored.as_str(), "s1"),
+        // Two in a row to one Core subject: the second reuses the first's client subject.
         Outgoing::new(core.as_str(), "c1"),
+        Outgoing::new(core.as_str(), "c2"),
         Outgoing::new(format!("{name}.bad subject"), "refused"),
         Outgoing::new(stored.as_str(), "s2"),
-        Outgoing::new(core.as_str(), "c2"),
         // The stream keeps one message per id: the second is confirmed, not stored.
         {
             let mut m = Outgoing::new(stored.as_str(), "s3");
@@ -38,13 +39,12 @@ async fn send_all_mixes_stream_and_core_subjects_and_answers_each() {
             m
         },
     ];
-    // Made as they are taken: the iterator is consumed lazily, in order.
     let results = Publisher::new(nats.publish_handle())
-        .send_all(messages.into_iter())
+        .send_all(messages)
         .await;
     assert_eq!(results.len(), 7);
     for (i, result) in results.iter().enumerate() {
-        if i == 2 {
+        if i == 3 {
             let e = result
                 .as_ref()
                 .expect_err("a subject with a space is refused");
@@ -72,6 +72,8 @@ async fn send_all_mixes_stream_and_core_subjects_and_answers_each() {
             .expect("subscription open");
         assert_eq!(message.payload, expected);
     }
+    let more = tokio::time::timeout(Duration::from_millis(300), heard.next()).await;
+    assert!(more.is_err(), "nothing else on the Core subject: {more:?}");
 }
 
 use futures_util::StreamExt as _;

@@ -59,6 +59,10 @@ impl PulsarPublisher {
     }
 }
 
+/// Messages `publish_all` makes ready before it takes the producers' lock to hand them
+/// over: the caller's iterator runs outside the lock, which is taken once per chunk.
+const CHUNK: usize = 256;
+
 /// A send started: its receipt to come.
 type Receipt = pulsar::producer::SendFuture;
 
@@ -131,35 +135,44 @@ impl Publish for PulsarPublisher {
         })
     }
 
-    /// Every message handed to its producer under one hold of the producers (in order,
-    /// each waiting for room in its queue), then the receipts awaited in turn. Once a
-    /// topic's producer fails a send (a broker away), the batch's later messages to that
-    /// topic are not tried: each fails at once, saying so (the lock is not held for a
-    /// timeout per message, and nothing to that topic goes out after a failure).
+    /// Messages made ready (in order) outside the producers' lock, up to [`CHUNK`] at a
+    /// time, then handed to their producers under one hold of it (each waiting for room
+    /// in its queue); the receipts are awaited after every message is handed over. The
+    /// caller's iterator never runs under the lock. Once a topic's producer fails a send
+    /// (a broker away), the call's later messages to that topic are not tried: each
+    /// fails at once, saying so (the lock is not held for a timeout per message, and
+    /// nothing to that topic goes out after a failure).
     fn publish_all<'a>(
         &'a self,
-        messages: Box<dyn Iterator<Item = Outgoing> + Send + 'a>,
+        mut messages: Box<dyn Iterator<Item = Outgoing> + Send + 'a>,
     ) -> BoxFuture<'a, Vec<Result<(), PublishError>>> {
         Box::pin(async move {
             let mut started = Vec::with_capacity(messages.size_hint().0);
-            {
-                let mut producers = self.producers.lock().await;
-                let mut names = AddressNames::default();
-                let mut failed: Vec<(Arc<str>, PublishErrorKind)> = Vec::new();
-                for message in messages {
+            let mut names = AddressNames::default();
+            let mut failed: Vec<(Arc<str>, PublishErrorKind)> = Vec::new();
+            let mut ready = Vec::with_capacity(CHUNK);
+            loop {
+                ready.extend(messages.by_ref().take(CHUNK).map(|message| {
                     let topic = names.get(&message.address);
-                    if let Some((_, kind)) = failed.iter().find(|(t, _)| *t == topic) {
-                        let why = "not sent: an earlier message of this batch to the topic failed";
-                        started.push((Err(PublishError::new(&*topic, *kind, why)), topic));
-                        continue;
-                    }
                     let payload = message.payload.to_vec();
-                    let sent =
-                        match message_of(&topic, message.key.as_deref(), &message.headers, payload)
-                        {
-                            Ok(m) => start(&mut producers, &topic, m).await,
-                            Err(refused) => Err(refused),
-                        };
+                    let made =
+                        message_of(&topic, message.key.as_deref(), &message.headers, payload);
+                    (topic, made)
+                }));
+                if ready.is_empty() {
+                    break;
+                }
+                let mut producers = self.producers.lock().await;
+                for (topic, made) in ready.drain(..) {
+                    let sent = match (made, failed.iter().find(|(t, _)| *t == topic)) {
+                        (Err(refused), _) => Err(refused),
+                        (Ok(_), Some((_, kind))) => {
+                            let why =
+                                "not sent: an earlier message of this batch to the topic failed";
+                            Err(PublishError::new(&*topic, *kind, why))
+                        }
+                        (Ok(m), None) => start(&mut producers, &topic, m).await,
+                    };
                     if let Err(e) = &sent
                         && e.kind().is_transient()
                     {

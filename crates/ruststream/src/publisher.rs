@@ -49,8 +49,10 @@ impl Publisher {
     /// delivery reports together, JetStream and Pulsar await their acks together,
     /// RabbitMQ its publisher confirms, Redis pipelines the `XADD`s over its
     /// connection); a refused message does not stop the others. The messages are taken
-    /// one at a time as the transport sends them, so an iterator that makes each one
-    /// (as below) never holds them all at once; it is `Send`, as it travels with the
+    /// as the transport sends them: on Kafka, NATS and Redis one at a time, each let go
+    /// once the client has its copy (Pulsar: 256 at a time), so an iterator that makes
+    /// each one (as below) never holds them all at once; RabbitMQ and the memory broker
+    /// hold each until its confirmation. The iterator is `Send`: it travels with the
     /// future that sends them.
     ///
     /// ```
