@@ -135,7 +135,7 @@ impl Publish for PulsarPublisher {
         })
     }
 
-    /// Messages made ready (in order) outside the producers' lock, up to [`CHUNK`] at a
+    /// Messages made ready (in order) outside the producers' lock, up to 256 at a
     /// time, then handed to their producers under one hold of it (each waiting for room
     /// in its queue); the receipts are awaited after every message is handed over. The
     /// caller's iterator never runs under the lock. Once a topic's producer fails a send
