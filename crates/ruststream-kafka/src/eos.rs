@@ -152,6 +152,7 @@ impl Pipeline {
             .set("bootstrap.servers", self.kafka.brokers())
             .set("transactional.id", &self.id)
             .set("enable.idempotence", "true");
+        crate::publish::bound_delivery(&mut config, self.kafka.settings());
         for (key, value) in self.kafka.settings() {
             config.set(key, value);
         }

@@ -170,7 +170,9 @@ impl Kafka {
         settings: BTreeMap<String, String>,
         context: KafkaContext,
     ) -> Result<Self, SetupError> {
-        let producer = config_for(brokers, &settings)
+        let mut config = config_for(brokers, &settings);
+        publish::bound_delivery(&mut config, &settings);
+        let producer = config
             .create_with_context(context.clone())
             .map_err(|source| SetupError {
                 brokers: brokers.to_owned(),

@@ -1,18 +1,34 @@
 //! Producing records, confirmed by their delivery report.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::context::KafkaContext;
 use bytes::Bytes;
+use rdkafka::config::ClientConfig;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use ruststream_core::{
     AddressNames, BoxFuture, Headers, Outgoing, Publish, PublishError, PublishErrorKind,
 };
 
-/// How long a record may wait for its delivery report.
+/// How long a record may wait for its delivery report: past it the publish fails
+/// (`PublishErrorKind::Timeout`), also while the cluster is away. It is librdkafka's
+/// `message.timeout.ms` (300 s of its own) on the producers this crate makes, unless
+/// the settings given to `Kafka::with_settings` name it or `delivery.timeout.ms`.
 pub const DELIVERY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Sets [`DELIVERY_TIMEOUT`] on a producer's `config`, unless `settings` set it.
+pub(crate) fn bound_delivery(config: &mut ClientConfig, settings: &BTreeMap<String, String>) {
+    if !settings.contains_key("message.timeout.ms") && !settings.contains_key("delivery.timeout.ms")
+    {
+        config.set(
+            "message.timeout.ms",
+            DELIVERY_TIMEOUT.as_millis().to_string(),
+        );
+    }
+}
 
 /// Produces records and waits for the broker's delivery report. Cheap to clone.
 #[derive(Clone)]

@@ -72,3 +72,36 @@ async fn send_all_lets_each_message_go_once_sent_and_answers_each() {
         .collect();
     assert_eq!(payloads, expected);
 }
+
+/// A publish to a cluster that does not answer fails after `DELIVERY_TIMEOUT` (30 s),
+/// not after librdkafka's own 300 s; a `message.timeout.ms` setting wins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_to_an_unreachable_cluster_fails_after_the_delivery_timeout() {
+    use ruststream_kafka::{DELIVERY_TIMEOUT, Kafka};
+    let away = "127.0.0.1:1";
+    let publish = |kafka: Kafka| async move {
+        let started = std::time::Instant::now();
+        let result = tokio::time::timeout(
+            Duration::from_secs(90),
+            Publisher::new(kafka.publish_handle())
+                .to("unreachable")
+                .send_bytes("x"),
+        )
+        .await
+        .expect("the publish gave up by itself");
+        (result, started.elapsed())
+    };
+    let set = [("message.timeout.ms".to_owned(), "1500".to_owned())].into();
+    let (result, took) = publish(Kafka::with_settings(away, set).expect("client")).await;
+    let e = result.expect_err("nothing answers");
+    assert_eq!(e.kind(), PublishErrorKind::Timeout, "{e}");
+    assert!(took < Duration::from_secs(15), "the setting's 1.5 s: {took:?}");
+    let (result, took) = publish(Kafka::connect(away).expect("client")).await;
+    let e = result.expect_err("nothing answers");
+    assert_eq!(e.kind(), PublishErrorKind::Timeout, "{e}");
+    assert!(e.to_string().contains("unreachable"), "{e}");
+    assert!(
+        took >= DELIVERY_TIMEOUT - Duration::from_secs(1) && took < Duration::from_secs(60),
+        "failed after {took:?}"
+    );
+}
