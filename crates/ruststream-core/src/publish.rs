@@ -121,7 +121,9 @@ impl fmt::Debug for Extras {
 
 /// A transport's publish, confirmed by the broker: the future resolves `Ok` only once
 /// the broker has the message (Kafka delivery report, JetStream publish ack, Pulsar
-/// receipt, Core NATS flush).
+/// receipt, RabbitMQ publisher confirm, Redis `XADD` reply). Core NATS has no
+/// acknowledgement: its publish resolves once the client has flushed it to its
+/// connection.
 pub trait Publish: Send + Sync + 'static {
     /// Publishes `message` and waits for the broker's confirmation.
     fn publish(&self, message: Outgoing) -> BoxFuture<'_, Result<(), PublishError>>;

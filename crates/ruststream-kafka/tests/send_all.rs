@@ -95,7 +95,10 @@ async fn a_publish_to_an_unreachable_cluster_fails_after_the_delivery_timeout() 
     let (result, took) = publish(Kafka::with_settings(away, set).expect("client")).await;
     let e = result.expect_err("nothing answers");
     assert_eq!(e.kind(), PublishErrorKind::Timeout, "{e}");
-    assert!(took < Duration::from_secs(15), "the setting's 1.5 s: {took:?}");
+    assert!(
+        took < Duration::from_secs(15),
+        "the setting's 1.5 s: {took:?}"
+    );
     let (result, took) = publish(Kafka::connect(away).expect("client")).await;
     let e = result.expect_err("nothing answers");
     assert_eq!(e.kind(), PublishErrorKind::Timeout, "{e}");

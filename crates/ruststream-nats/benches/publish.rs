@@ -78,7 +78,7 @@ async fn main() {
 }
 
 /// Core NATS: the raw loop publishes every message, then flushes once (what Core NATS
-/// confirms: the server took the bytes); `send_all` likewise.
+/// confirms: the client wrote the bytes to its connection); `send_all` likewise.
 async fn core(nats: &Nats, n: usize, rounds: usize) {
     let subject = format!("bench.publish.core.{}", std::process::id());
     let raw = |_round: usize| {

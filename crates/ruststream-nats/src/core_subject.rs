@@ -371,7 +371,8 @@ fn described(client: &Client, queue_group: Option<&str>) -> ruststream_core::Des
     described.setting("kind", "core")
 }
 
-/// The server answers a flush within 5 s (`check --connect`).
+/// The client's connection takes a flush within 5 s (`check --connect`): connected, and
+/// the socket writable (Core NATS gives no answer to wait for).
 async fn answers(client: &Client) -> Result<(), String> {
     match tokio::time::timeout(std::time::Duration::from_secs(5), client.flush()).await {
         Ok(Ok(())) => Ok(()),

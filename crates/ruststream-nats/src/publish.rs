@@ -21,7 +21,9 @@ use crate::headers::to_nats;
 
 /// Publishes to NATS. Through the [`Publish`] contract a message goes to JetStream when a
 /// stream captures its subject (confirmed by the stream's publish acknowledgement), and
-/// otherwise is published on Core NATS and confirmed by a flush (the server has it).
+/// otherwise is published on Core NATS and confirmed by a flush: the client has written
+/// it to its connection. Core NATS acknowledges nothing, so a server that stopped reading
+/// (or dies before it does) can still lose a confirmed message.
 #[derive(Clone, Debug)]
 pub struct NatsPublisher {
     client: Client,
@@ -129,7 +131,8 @@ impl NatsPublisher {
         Ok(in_stream)
     }
 
-    /// Publishes on Core NATS and waits until the server has it (a flush).
+    /// Publishes on Core NATS and waits until the client has written it to its connection
+    /// (a flush; Core NATS has no acknowledgement from the server).
     pub async fn core(
         &self,
         subject: &str,
@@ -169,7 +172,7 @@ impl NatsPublisher {
         .map_err(failed)
     }
 
-    /// Waits until the server has what was handed to the client (a flush).
+    /// Waits until what was handed to the client is written to its connection (a flush).
     async fn flushed(&self, subject: &str) -> Result<(), PublishError> {
         self.client
             .flush()
