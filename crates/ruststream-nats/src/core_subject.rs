@@ -371,11 +371,16 @@ fn described(client: &Client, queue_group: Option<&str>) -> ruststream_core::Des
     described.setting("kind", "core")
 }
 
-/// The client's connection takes a flush within 5 s (`check --connect`): connected, and
-/// the socket writable (Core NATS gives no answer to wait for).
+/// The server answers within 5 s (`check --connect`): a request to a subject nobody
+/// serves comes back from the server itself as "no responders", a round trip a flush of
+/// the client's connection would not show (Core NATS acknowledges no publish).
 async fn answers(client: &Client) -> Result<(), String> {
-    match tokio::time::timeout(std::time::Duration::from_secs(5), client.flush()).await {
-        Ok(Ok(())) => Ok(()),
+    use async_nats::RequestErrorKind;
+    let nobody = client.new_inbox();
+    let asked = client.request(nobody, bytes::Bytes::new());
+    match tokio::time::timeout(std::time::Duration::from_secs(5), asked).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) if e.kind() == RequestErrorKind::NoResponders => Ok(()),
         Ok(Err(e)) => Err(format!("the NATS server did not answer: {e}")),
         Err(_) => Err("the NATS server did not answer within 5s".to_owned()),
     }

@@ -47,6 +47,14 @@ pub struct OwnServer {
     pub address: String,
 }
 
+impl OwnServer {
+    /// The server's process id (to freeze it with SIGSTOP).
+    #[allow(dead_code)]
+    pub fn pid(&self) -> u32 {
+        self._process.id().expect("the server runs")
+    }
+}
+
 /// Starts a nats-server of the test's own on a free port with `args`, from the binary the
 /// test command installed (a missing one fails the test), and returns once it listens.
 pub async fn own_server<A: AsRef<std::ffi::OsStr>>(args: &[A]) -> OwnServer {
