@@ -216,6 +216,12 @@ impl BatchOutcome {
     pub fn get(&self, index: usize) -> Option<HandlerOutcome> {
         self.each.get(index).copied().flatten().or(self.all)
     }
+
+    /// Whether every one of the first `count` messages has an outcome.
+    pub(crate) fn covers(&self, count: usize) -> bool {
+        self.all.is_some()
+            || (self.each.len() >= count && self.each[..count].iter().all(Option::is_some))
+    }
 }
 
 /// What a batch handler may return: a [`BatchOutcome`], or `Result<BatchOutcome, E>`

@@ -29,15 +29,15 @@ pub(crate) async fn handle_batch<S: CallBatch>(
     shared: &Shared<S>,
     members: Vec<Box<Incoming>>,
 ) -> Vec<Finished> {
-    let mut finished: Vec<Option<Finished>> = (0..members.len()).map(|_| None).collect();
-    let (mut at, mut todo) = (
-        Vec::with_capacity(members.len()),
-        Vec::with_capacity(members.len()),
-    );
+    let count = members.len();
+    // Each entry is overwritten with its delivery's conclusion below.
+    let mut finished: Vec<Finished> = Vec::with_capacity(count);
+    finished.resize_with(count, || (Fate::HandedBack, None));
+    let (mut at, mut todo) = (Vec::with_capacity(count), Vec::with_capacity(count));
     for (i, incoming) in members.into_iter().enumerate() {
         if copy::owes_dead_letter(shared, incoming.delivery()) {
             let settle = copy::dead_letter_again(shared, incoming.delivery()).await;
-            finished[i] = Some((Fate::Settle(settle), Some(incoming)));
+            finished[i] = (Fate::Settle(settle), Some(incoming));
         } else {
             at.push(i);
             todo.push(incoming);
@@ -47,18 +47,19 @@ pub(crate) async fn handle_batch<S: CallBatch>(
     while !todo.is_empty() {
         let called = shared.metrics.as_ref().map(Instruments::now);
         let members = Arc::new(Members(std::mem::take(&mut todo)));
-        let ended = call(shared, &members, &mut refused).await;
+        let result = call(shared, &members, &mut refused).await;
+        let ended = Spread::new(result, &mut refused, shared);
         let (mut again_at, mut again) = (Vec::new(), Vec::new());
         for ((i, incoming), (completion, report)) in
             at.drain(..).zip(taken_back(members)).zip(ended)
         {
             if let Some(settle) = lane::settled_as_planned(shared, incoming.delivery(), &completion)
             {
-                finished[i] = Some((Fate::Settle(settle), Some(incoming)));
+                finished[i] = (Fate::Settle(settle), Some(incoming));
                 continue;
             }
             match lane::conclude(shared, incoming, completion, report, called).await {
-                Concluded::Finished(done) => finished[i] = Some(done),
+                Concluded::Finished(done) => finished[i] = done,
                 Concluded::Rerun(incoming) => {
                     again_at.push(i);
                     again.push(incoming);
@@ -72,7 +73,7 @@ pub(crate) async fn handle_batch<S: CallBatch>(
         if !lane::rerun_after_floor(shared, reruns).await {
             // Stopping: left unsettled, the broker brings them back.
             for (i, incoming) in again_at.into_iter().zip(again) {
-                finished[i] = Some((Fate::HandedBack, Some(incoming)));
+                finished[i] = (Fate::HandedBack, Some(incoming));
             }
             break;
         }
@@ -82,9 +83,6 @@ pub(crate) async fn handle_batch<S: CallBatch>(
         (at, todo) = (again_at, again);
     }
     finished
-        .into_iter()
-        .map(|done| done.expect("every delivery of a batch is concluded"))
-        .collect()
 }
 
 /// The deliveries of a call back from its items: the same boxes when the handler kept no
@@ -98,15 +96,15 @@ fn taken_back(members: Arc<Members>) -> Vec<Box<Incoming>> {
     }
 }
 
-/// One call of the handler over `members`: how it ended for each delivery, in order. A
-/// delivery that does not decode is refused alone; the handler's `Err`, panic or
-/// deadline is every other delivery's.
+/// One call of the handler over `members`: its answer, or the failure every delivery
+/// that decoded shares (the handler's `Err`, panic or deadline). A delivery that does not
+/// decode is refused alone (in `refused`).
 async fn call<S: CallBatch>(
     shared: &Shared<S>,
     members: &Arc<Members>,
     refused: &mut Vec<Option<Rejection>>,
-) -> Vec<Ended> {
-    let result = match shared.service.call_batch(members, refused) {
+) -> Result<BatchOutcome, Ended> {
+    match shared.service.call_batch(members, refused) {
         // Nothing decoded, so no call (never an empty batch): every one is refused, and
         // this outcome is never read.
         None => Ok(BatchOutcome::ack_all()),
@@ -121,53 +119,74 @@ async fn call<S: CallBatch>(
                 Err(failed) => Err(failed),
             }
         }
-    };
-    each(result, refused, shared)
+    }
 }
 
-/// The call's result spread over its deliveries.
-fn each<S>(
-    result: Result<BatchOutcome, Ended>,
-    refused: &mut Vec<Option<Rejection>>,
-    shared: &Shared<S>,
-) -> Vec<Ended> {
-    let handed = refused.iter().filter(|r| r.is_none()).count();
-    let mut report = None;
-    let answer = result.map_err(|(failure, caught)| {
-        report = caught;
-        failure
-    });
-    if let Ok(outcome) = &answer
-        && (0..handed).any(|at| outcome.get(at).is_none())
-    {
-        tracing::error!(
-            registration = &*shared.registration,
-            batch = handed,
-            "the batch handler gave no outcome for some messages of its batch; those are retried"
-        );
+/// The call's result spread over its deliveries, in order: a refusal for each that did
+/// not decode; for the others, the handler's outcome (by index among those handed) or
+/// the call's failure.
+struct Spread<'r> {
+    answer: Result<BatchOutcome, Completion>,
+    /// The panic's report (its backtrace), given once, with the first delivery.
+    report: Option<Box<Report>>,
+    refused: std::vec::Drain<'r, Option<Rejection>>,
+    /// The next handed delivery's index in the handler's batch, and how many there were.
+    index: usize,
+    handed: usize,
+}
+
+impl<'r> Spread<'r> {
+    fn new<S>(
+        result: Result<BatchOutcome, Ended>,
+        refused: &'r mut Vec<Option<Rejection>>,
+        shared: &Shared<S>,
+    ) -> Self {
+        let handed = refused.iter().filter(|r| r.is_none()).count();
+        let mut report = None;
+        let answer = result.map_err(|(failure, caught)| {
+            report = caught;
+            failure
+        });
+        if let Ok(outcome) = &answer
+            && !outcome.covers(handed)
+        {
+            tracing::error!(
+                registration = &*shared.registration,
+                batch = handed,
+                "the batch handler gave no outcome for some messages of its batch; those are retried"
+            );
+        }
+        Self {
+            answer,
+            report,
+            refused: refused.drain(..),
+            index: 0,
+            handed,
+        }
     }
-    let mut index = 0;
-    refused
-        .drain(..)
-        .map(|refusal| {
-            if let Some(rejection) = refusal {
-                return (Completion::Rejected(rejection), None);
-            }
-            let at = index;
-            index += 1;
-            match &answer {
-                Ok(outcome) => match outcome.get(at) {
-                    Some(given) => (Completion::Outcome(given), None),
-                    None => {
-                        let missing = format!(
-                            "the batch handler gave no outcome for message {at} of {handed}"
-                        );
-                        (Completion::Failed(Cause::new(missing)), None)
-                    }
-                },
-                // The panic's report (its backtrace) once, with the first delivery.
-                Err(failure) => (failure.clone(), report.take()),
-            }
+}
+
+impl Iterator for Spread<'_> {
+    type Item = Ended;
+
+    fn next(&mut self) -> Option<Ended> {
+        if let Some(rejection) = self.refused.next()? {
+            return Some((Completion::Rejected(rejection), None));
+        }
+        let at = self.index;
+        self.index += 1;
+        Some(match &self.answer {
+            Ok(outcome) => match outcome.get(at) {
+                Some(given) => (Completion::Outcome(given), None),
+                None => {
+                    let missing = format!(
+                        "the batch handler gave no outcome for message {at} of {}",
+                        self.handed
+                    );
+                    (Completion::Failed(Cause::new(missing)), None)
+                }
+            },
+            Err(failure) => (failure.clone(), self.report.take()),
         })
-        .collect()
+    }
 }
