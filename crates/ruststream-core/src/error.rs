@@ -194,12 +194,12 @@ impl PublishError {
     /// A publish to `address` failed with `kind`, because of `cause` (the client's error,
     /// or a sentence).
     pub fn new(
-        address: impl Into<String>,
+        address: impl AsRef<str>,
         kind: PublishErrorKind,
         cause: impl Into<Box<dyn StdError + Send + Sync + 'static>>,
     ) -> Self {
         Self {
-            address: address.into(),
+            address: address.as_ref().to_owned(),
             kind,
             cause: Cause::new(cause),
         }

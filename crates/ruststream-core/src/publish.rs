@@ -18,8 +18,9 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Outgoing {
-    /// Topic or subject.
-    pub address: String,
+    /// Topic or subject. Shared: many messages to one address can share one string
+    /// (`Arc::clone`), so a message costs no copy of its address.
+    pub address: Arc<str>,
     /// Payload bytes.
     pub payload: Bytes,
     /// Headers.
@@ -33,7 +34,7 @@ pub struct Outgoing {
 
 impl Outgoing {
     /// A message with no key and no headers.
-    pub fn new(address: impl Into<String>, payload: impl Into<Bytes>) -> Self {
+    pub fn new(address: impl Into<Arc<str>>, payload: impl Into<Bytes>) -> Self {
         Self {
             address: address.into(),
             payload: payload.into(),

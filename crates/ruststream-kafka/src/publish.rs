@@ -9,9 +9,7 @@ use bytes::Bytes;
 use rdkafka::config::ClientConfig;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use ruststream_core::{
-    AddressNames, BoxFuture, Headers, Outgoing, Publish, PublishError, PublishErrorKind,
-};
+use ruststream_core::{BoxFuture, Headers, Outgoing, Publish, PublishError, PublishErrorKind};
 
 /// How long a record may wait for its delivery report: past it the publish fails
 /// (`PublishErrorKind::Timeout`), also while the cluster is away. It is librdkafka's
@@ -180,7 +178,7 @@ impl Publish for KafkaPublisher {
     /// Every record handed to librdkafka as it comes, then the delivery reports awaited
     /// together. A full producer queue waits for the reports of what is queued, then
     /// tries the record once more. A message is let go once librdkafka has its copy;
-    /// only its address (shared by a run to one topic) waits with its report.
+    /// only its address (an `Arc`, shared by messages to one topic) waits with its report.
     fn publish_all<'a>(
         &'a self,
         messages: Box<dyn Iterator<Item = Outgoing> + Send + 'a>,
@@ -189,7 +187,6 @@ impl Publish for KafkaPublisher {
             let mut results: Vec<Result<(), PublishError>> =
                 Vec::with_capacity(messages.size_hint().0);
             let mut queued = Vec::with_capacity(messages.size_hint().0);
-            let mut names = AddressNames::default();
             for message in messages {
                 let i = results.len();
                 let mut sent = self.producer.send_result(record_of(&message));
@@ -201,7 +198,7 @@ impl Publish for KafkaPublisher {
                 }
                 match sent {
                     Ok(report) => {
-                        queued.push((i, names.get(&message.address), report));
+                        queued.push((i, Arc::clone(&message.address), report));
                         results.push(Ok(()));
                     }
                     Err((e, _)) => {
@@ -224,7 +221,7 @@ async fn reported(
     for (i, address, report) in queued {
         results[i] = match report.await {
             Ok(Ok(_)) => Ok(()),
-            Ok(Err((e, _))) => Err(PublishError::new(&*address, kind(&e), e)),
+            Ok(Err((e, _))) => Err(PublishError::new(&address, kind(&e), e)),
             Err(_) => Err(PublishError::new(
                 &*address,
                 PublishErrorKind::Disconnected,

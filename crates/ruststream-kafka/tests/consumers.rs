@@ -51,7 +51,7 @@ async fn consumers_spread_the_partitions_and_keep_each_keys_order() {
     for n in 0..per_key {
         for k in 0..keys {
             let key = format!("k{k}");
-            let mut message = Outgoing::new(&topic, Bytes::from(keyed_payload(&key, n)));
+            let mut message = Outgoing::new(topic.as_str(), Bytes::from(keyed_payload(&key, n)));
             message.key = Some(Bytes::from(key));
             publisher.publish(message).await.expect("published");
         }

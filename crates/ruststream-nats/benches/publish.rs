@@ -68,7 +68,10 @@ async fn main() {
     let framework = |_round: usize| {
         let (publisher, subject) = (publisher.clone(), fw_subject.clone());
         async move {
-            let messages = (0..n).map(|_| Outgoing::new(subject.as_str(), PAYLOAD));
+            // One shared address for all, as a caller sending many to one place makes it.
+            let address: std::sync::Arc<str> = std::sync::Arc::from(subject.as_str());
+            let messages =
+                (0..n).map(move |_| Outgoing::new(std::sync::Arc::clone(&address), PAYLOAD));
             let results = publisher.send_all(messages).await;
             assert!(results.iter().all(Result::is_ok), "every message stored");
         }
@@ -97,7 +100,10 @@ async fn core(nats: &Nats, n: usize, rounds: usize) {
     let framework = |_round: usize| {
         let (publisher, subject) = (publisher.clone(), subject.clone());
         async move {
-            let messages = (0..n).map(|_| Outgoing::new(subject.as_str(), PAYLOAD));
+            // One shared address for all, as a caller sending many to one place makes it.
+            let address: std::sync::Arc<str> = std::sync::Arc::from(subject.as_str());
+            let messages =
+                (0..n).map(move |_| Outgoing::new(std::sync::Arc::clone(&address), PAYLOAD));
             let results = publisher.send_all(messages).await;
             assert!(results.iter().all(Result::is_ok), "every message flushed");
         }

@@ -12,7 +12,7 @@ use async_nats::jetstream::context::{
 use async_nats::{Client, RequestErrorKind, Subject};
 use bytes::Bytes;
 use ruststream_core::{
-    AddressNames, BoxFuture, Cause, Headers, Outgoing, Publish, PublishError, PublishErrorKind,
+    BoxFuture, Cause, Headers, Outgoing, Publish, PublishError, PublishErrorKind,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -358,8 +358,8 @@ impl Publish for NatsPublisher {
 
     /// JetStream messages sent one after another with up to 1,000 acknowledgements in
     /// flight; Core messages handed to the client, then one flush confirms them all. A
-    /// message is let go once sent: only its address (shared by a run to one subject)
-    /// waits with its acknowledgement.
+    /// message is let go once sent: only its address (an `Arc`, shared by messages to one
+    /// subject) waits with its acknowledgement.
     fn publish_all<'a>(
         &'a self,
         messages: Box<dyn Iterator<Item = Outgoing> + Send + 'a>,
@@ -370,26 +370,25 @@ impl Publish for NatsPublisher {
             let mut acks: VecDeque<(usize, Arc<str>, PublishAckFuture)> =
                 VecDeque::with_capacity(ACK_WINDOW);
             let mut core: Vec<(usize, Arc<str>)> = Vec::new();
-            let mut names = AddressNames::default();
             // Where the previous message went: a run to one subject asks the routes once
             // (and shares the client's form of the subject).
             let mut last: Option<(Arc<str>, bool)> = None;
             let mut to: Option<Subject> = None;
             for message in messages {
                 let i = results.len();
-                let subject = names.get(&message.address);
+                let subject = Arc::clone(&message.address);
                 let route = match &last {
-                    Some((previous, in_stream)) if Arc::ptr_eq(previous, &subject) => {
-                        Ok(*in_stream)
-                    }
+                    // The same address (an `Arc`'s equality looks at the pointer first).
+                    Some((previous, in_stream)) if *previous == subject => Ok(*in_stream),
                     _ => {
                         to = None;
-                        self.in_stream(&subject).await
+                        let route = self.in_stream(&subject).await;
+                        if let Ok(in_stream) = route {
+                            last = Some((Arc::clone(&subject), in_stream));
+                        }
+                        route
                     }
                 };
-                if let Ok(in_stream) = route {
-                    last = Some((Arc::clone(&subject), in_stream));
-                }
                 let sent = match route {
                     Ok(true) => {
                         if acks.len() == ACK_WINDOW

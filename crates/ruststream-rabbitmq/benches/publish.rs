@@ -65,7 +65,10 @@ async fn main() {
     let framework = |round: usize| {
         let (publisher, queue) = (publisher.clone(), queue(1, round));
         async move {
-            let messages = (0..n).map(|_| Outgoing::new(queue.as_str(), PAYLOAD));
+            // One shared address for all, as a caller sending many to one place makes it.
+            let address: std::sync::Arc<str> = std::sync::Arc::from(queue.as_str());
+            let messages =
+                (0..n).map(move |_| Outgoing::new(std::sync::Arc::clone(&address), PAYLOAD));
             let results = publisher.send_all(messages).await;
             assert!(results.iter().all(Result::is_ok), "every message confirmed");
         }

@@ -38,7 +38,10 @@ async fn main() {
     let framework = |round: usize| {
         let (publisher, stream) = (publisher.clone(), stream("send-all", round));
         async move {
-            let messages = (0..n).map(|_| Outgoing::new(stream.as_str(), PAYLOAD));
+            // One shared address for all, as a caller sending many to one place makes it.
+            let address: std::sync::Arc<str> = std::sync::Arc::from(stream.as_str());
+            let messages =
+                (0..n).map(move |_| Outgoing::new(std::sync::Arc::clone(&address), PAYLOAD));
             let results = publisher.send_all(messages).await;
             assert!(results.iter().all(Result::is_ok), "every message confirmed");
         }

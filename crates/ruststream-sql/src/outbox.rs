@@ -58,9 +58,9 @@ pub struct Outbox;
 
 impl Outbox {
     /// Starts a message to `address`.
-    pub fn to(address: impl Into<String>) -> OutboxMessage {
+    pub fn to(address: impl AsRef<str>) -> OutboxMessage {
         OutboxMessage {
-            message: Outgoing::new(address, Bytes::new()),
+            message: Outgoing::new(address.as_ref(), Bytes::new()),
         }
     }
 
@@ -123,7 +123,7 @@ async fn write(conn: &mut PgConnection, message: &Outgoing) -> Result<String, sq
         "INSERT INTO ruststream_outbox (address, key, header_names, header_values, payload, bucket) \
          VALUES ($1, $2, $3, $4, $5, $6) RETURNING id::text",
     )
-    .bind(&message.address)
+    .bind(&*message.address)
     .bind(message.key.as_deref())
     .bind(names)
     .bind(values)

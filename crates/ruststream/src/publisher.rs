@@ -29,10 +29,10 @@ impl Publisher {
     }
 
     /// Starts a message to `address`.
-    pub fn to(&self, address: impl Into<String>) -> PublishBuilder<'_> {
+    pub fn to(&self, address: impl AsRef<str>) -> PublishBuilder<'_> {
         PublishBuilder {
             publisher: self,
-            message: Outgoing::new(address, Bytes::new()),
+            message: Outgoing::new(address.as_ref(), Bytes::new()),
         }
     }
 
@@ -55,11 +55,17 @@ impl Publisher {
     /// hold each until its confirmation. The iterator is `Send`: it travels with the
     /// future that sends them.
     ///
+    /// A message's address is an `Arc<str>`: messages to one address share one string
+    /// (`Arc::clone`, as below) instead of each making its own copy.
+    ///
     /// ```
     /// # async fn example(publisher: ruststream::Publisher) {
+    /// use std::sync::Arc;
     /// use ruststream::core::Outgoing;
     ///
-    /// let orders = (0..100).map(|n| Outgoing::new("orders", format!(r#"{{"id":{n}}}"#)));
+    /// let to: Arc<str> = Arc::from("orders");
+    /// let orders =
+    ///     (0..100).map(|n| Outgoing::new(Arc::clone(&to), format!(r#"{{"id":{n}}}"#)));
     /// let results = publisher.send_all(orders).await;
     /// let refused: Vec<usize> = (0..results.len()).filter(|&i| results[i].is_err()).collect();
     /// # }

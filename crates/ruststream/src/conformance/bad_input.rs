@@ -251,7 +251,7 @@ pub async fn hostile_headers_arrive_intact_or_are_refused_by_name(bed: impl Bed)
     let mut accepted = Vec::new();
     let mut refused = Vec::new();
     for (label, name, value) in hostile {
-        let mut message = Outgoing::new(&address, Bytes::from_static(label.as_bytes()));
+        let mut message = Outgoing::new(address.as_str(), Bytes::from_static(label.as_bytes()));
         message.headers = [(name, Bytes::copy_from_slice(value))]
             .into_iter()
             .collect::<Headers>();

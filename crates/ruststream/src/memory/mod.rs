@@ -179,9 +179,9 @@ impl MemoryBroker {
         // and without allocating. Full groups are collected and waited for after.
         let full: Vec<Arc<Group>> = {
             let mut addresses = self.lock();
-            let address = match addresses.get_mut(&message.address) {
+            let address = match addresses.get_mut(&*message.address) {
                 Some(address) => address,
-                None => addresses.entry(message.address.clone()).or_default(),
+                None => addresses.entry(message.address.to_string()).or_default(),
             };
             if address.groups.is_empty() {
                 address.waiting.push(stored.clone());
