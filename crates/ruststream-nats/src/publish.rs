@@ -35,6 +35,11 @@ pub struct NatsPublisher {
 /// How long the answer to "does a stream capture this subject?" is trusted.
 const ROUTE_TTL: Duration = Duration::from_secs(5);
 
+/// How long a JetStream publish waits for its acknowledgement: the client's own wait (its
+/// default, the context's timeout being unset), which `publish_all` counts from each
+/// message's send. (JetStream API questions follow the connection's request timeout.)
+const ACK_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// What JetStream said about a stored message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Stored {
@@ -119,7 +124,7 @@ impl NatsPublisher {
             Err(e) => {
                 return Err(PublishError::new(
                     subject,
-                    PublishErrorKind::Disconnected,
+                    unanswered_kind(&e),
                     format!("could not ask the server whether a stream captures the subject: {e}"),
                 ));
             }
@@ -129,6 +134,26 @@ impl NatsPublisher {
             .unwrap_or_else(PoisonError::into_inner)
             .insert(subject.to_owned(), (in_stream, now));
         Ok(in_stream)
+    }
+
+    /// [`in_stream`](Self::in_stream) for `publish_all`: a subject the server did not
+    /// answer for earlier in the call fails at once, and one it does not answer now is
+    /// added to `unanswered`.
+    async fn route_in(
+        &self,
+        subject: &Arc<str>,
+        unanswered: &mut Vec<(Arc<str>, PublishErrorKind)>,
+    ) -> Result<bool, PublishError> {
+        if let Some((_, kind)) = unanswered.iter().find(|(s, _)| s == subject) {
+            let why = "not sent: the server did not answer whether a stream captures the \
+                       subject for an earlier message of this call";
+            return Err(PublishError::new(&**subject, *kind, why));
+        }
+        let route = self.in_stream(subject).await;
+        if let Err(e) = &route {
+            unanswered.push((Arc::clone(subject), e.kind()));
+        }
+        route
     }
 
     /// Publishes on Core NATS and waits until the client has written it to its connection
@@ -311,6 +336,40 @@ fn answered(e: &GetStreamByNameError) -> bool {
     false
 }
 
+/// Why a question went unanswered: the server did not answer in time, or the
+/// connection failed.
+fn unanswered_kind(e: &GetStreamByNameError) -> PublishErrorKind {
+    let mut link = std::error::Error::source(e);
+    while let Some(error) = link {
+        if let Some(request) = error.downcast_ref::<async_nats::jetstream::context::RequestError>()
+            && matches!(request.kind(), JsRequestErrorKind::TimedOut)
+        {
+            return PublishErrorKind::Timeout;
+        }
+        link = error.source();
+    }
+    PublishErrorKind::Disconnected
+}
+
+/// A publish acknowledgement of `publish_all`, awaited until [`ACK_TIMEOUT`] after its
+/// message was sent: the client's own timeout counts from the await, so acknowledgements
+/// awaited one after another (a server that stopped answering) would each wait it in full.
+async fn stored_by(
+    subject: &str,
+    ack: PublishAckFuture,
+    sent: Instant,
+) -> Result<Stored, PublishError> {
+    let deadline = tokio::time::Instant::from_std(sent + ACK_TIMEOUT);
+    match tokio::time::timeout_at(deadline, stored(subject, ack)).await {
+        Ok(stored) => stored,
+        Err(_) => Err(PublishError::new(
+            subject,
+            PublishErrorKind::Timeout,
+            format!("no publish acknowledgement within {ACK_TIMEOUT:?} of sending"),
+        )),
+    }
+}
+
 /// A JetStream publish acknowledgement, awaited.
 async fn stored(subject: &str, ack: PublishAckFuture) -> Result<Stored, PublishError> {
     let ack = ack
@@ -367,12 +426,15 @@ impl Publish for NatsPublisher {
         Box::pin(async move {
             let mut results: Vec<Result<(), PublishError>> =
                 Vec::with_capacity(messages.size_hint().0);
-            let mut acks: VecDeque<(usize, Arc<str>, PublishAckFuture)> =
+            let mut acks: VecDeque<(usize, Arc<str>, PublishAckFuture, Instant)> =
                 VecDeque::with_capacity(ACK_WINDOW);
             let mut core: Vec<(usize, Arc<str>)> = Vec::new();
             // Where the previous message went: a run to one subject asks the routes once
             // (and shares the client's form of the subject).
             let mut last: Option<(Arc<str>, bool)> = None;
+            // Subjects whose route the server did not answer in this call: their later
+            // messages fail at once instead of each waiting for an answer.
+            let mut unanswered: Vec<(Arc<str>, PublishErrorKind)> = Vec::new();
             let mut to: Option<Subject> = None;
             for message in messages {
                 let i = results.len();
@@ -382,7 +444,7 @@ impl Publish for NatsPublisher {
                     Some((previous, in_stream)) if *previous == subject => Ok(*in_stream),
                     _ => {
                         to = None;
-                        let route = self.in_stream(&subject).await;
+                        let route = self.route_in(&subject, &mut unanswered).await;
                         if let Ok(in_stream) = route {
                             last = Some((Arc::clone(&subject), in_stream));
                         }
@@ -392,14 +454,14 @@ impl Publish for NatsPublisher {
                 let sent = match route {
                     Ok(true) => {
                         if acks.len() == ACK_WINDOW
-                            && let Some((at, address, ack)) = acks.pop_front()
+                            && let Some((at, address, ack, sent)) = acks.pop_front()
                         {
-                            results[at] = stored(&address, ack).await.map(drop);
+                            results[at] = stored_by(&address, ack, sent).await.map(drop);
                         }
                         let id = message.extras.get::<MessageId>().map(|id| id.0.as_str());
                         self.send_jetstream(&subject, &message.headers, message.payload, id)
                             .await
-                            .map(|ack| acks.push_back((i, subject, ack)))
+                            .map(|ack| acks.push_back((i, subject, ack, Instant::now())))
                     }
                     Ok(false) => {
                         let to = to.get_or_insert_with(|| Subject::from(&*subject));
@@ -413,8 +475,8 @@ impl Publish for NatsPublisher {
                 };
                 results.push(sent);
             }
-            for (at, address, ack) in acks {
-                results[at] = stored(&address, ack).await.map(drop);
+            for (at, address, ack, sent) in acks {
+                results[at] = stored_by(&address, ack, sent).await.map(drop);
             }
             if let Some((_, first)) = core.first()
                 && let Err(e) = self.flushed(first).await

@@ -1,12 +1,13 @@
 //! `send_all` against a real nats-server: JetStream and Core subjects mixed in one call,
-//! a result for each, a refused subject alone.
+//! a result for each, a refused subject alone, a server that stopped answering.
 
 mod common;
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{create_stream, nats, unique};
+use common::{create_stream, nats, own_server, unique};
 use ruststream::Publisher;
 use ruststream::core::{Outgoing, PublishErrorKind};
 use ruststream_nats::MessageId;
@@ -77,3 +78,55 @@ async fn send_all_mixes_stream_and_core_subjects_and_answers_each() {
 }
 
 use futures_util::StreamExt as _;
+
+fn signal(pid: u32, which: &str) {
+    let status = std::process::Command::new("kill")
+        .args([which, &pid.to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success(), "kill {which} {pid}");
+}
+
+/// A JetStream server that stopped answering (SIGSTOP, on a server of the test's own):
+/// each message waits for its acknowledgement at most 5 s from its own send, so 3,000
+/// messages (three windows of 1,000 in flight) fail with `Timeout` in about 15 s. The
+/// client's own timeout counts from the await: awaited one after another, each of the
+/// last 1,000 would have waited 5 s more (hours for the call).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_all_to_a_server_that_stopped_answering_bounds_each_ack_from_its_send() {
+    let store = std::env::temp_dir().join(unique("nats-frozen"));
+    let server = own_server(&["-js", "-sd", store.to_str().expect("a UTF-8 path")]).await;
+    let nats = ruststream_nats::Nats::connect(&format!("nats://{}", server.address))
+        .await
+        .expect("connects");
+    let name = unique("FROZEN");
+    create_stream(&nats, &name, std::slice::from_ref(&name)).await;
+    let publisher = Publisher::new(nats.publish_handle());
+    let to: Arc<str> = Arc::from(name.as_str());
+    // Also learns that a stream captures the subject (kept 5 s): the call asks nothing.
+    publisher
+        .publish(Outgoing::new(Arc::clone(&to), "warm"))
+        .await
+        .expect("stored while the server answers");
+    signal(server.pid(), "-STOP");
+    let started = Instant::now();
+    let results = publisher
+        .send_all((0..3_000).map(|n| Outgoing::new(Arc::clone(&to), n.to_string())))
+        .await;
+    let took = started.elapsed();
+    signal(server.pid(), "-CONT");
+    let _ = std::fs::remove_dir_all(&store);
+    assert_eq!(results.len(), 3_000);
+    for (i, result) in results.iter().enumerate() {
+        let error = result
+            .as_ref()
+            .expect_err("nothing acknowledged while frozen");
+        assert_eq!(
+            error.kind(),
+            PublishErrorKind::Timeout,
+            "message {i}: {error}"
+        );
+        assert_eq!(error.address(), name, "message {i}");
+    }
+    assert!(took < Duration::from_secs(40), "the call took {took:?}");
+}

@@ -107,7 +107,7 @@ async fn start(
     producers
         .send_non_blocking(topic, message)
         .await
-        .map_err(|e| PublishError::new(topic, PublishErrorKind::Disconnected, e))
+        .map_err(|e| PublishError::new(topic, kind(&e, PublishErrorKind::Disconnected), e))
 }
 
 /// The broker's receipt for a send.
@@ -115,7 +115,33 @@ async fn received(topic: &str, receipt: Receipt) -> Result<(), PublishError> {
     receipt
         .await
         .map(drop)
-        .map_err(|e| PublishError::new(topic, PublishErrorKind::Rejected, e))
+        .map_err(|e| PublishError::new(topic, kind(&e, PublishErrorKind::Rejected), e))
+}
+
+/// What a failed send was: the connection timing out or going away is transient
+/// (`Timeout`, `Disconnected`: a broker that stopped answering fails a send after the
+/// client's operation timeout, 30 s); anything else is `otherwise`.
+fn kind(error: &pulsar::Error, otherwise: PublishErrorKind) -> PublishErrorKind {
+    use pulsar::error::{ConnectionError, ProducerError};
+    let io = |e: &std::io::Error| match e.kind() {
+        std::io::ErrorKind::TimedOut => PublishErrorKind::Timeout,
+        _ => PublishErrorKind::Disconnected,
+    };
+    let connection = |e: &ConnectionError| match e {
+        ConnectionError::Io(e) => Some(io(e)),
+        ConnectionError::Disconnected => Some(PublishErrorKind::Disconnected),
+        ConnectionError::SlowDown => Some(PublishErrorKind::Timeout),
+        _ => None,
+    };
+    let found = match error {
+        pulsar::Error::Connection(e) => connection(e),
+        pulsar::Error::Producer(ProducerError::Connection(e)) => connection(e),
+        pulsar::Error::Producer(ProducerError::Io(e)) => Some(io(e)),
+        pulsar::Error::Producer(ProducerError::Closed) => Some(PublishErrorKind::Disconnected),
+        pulsar::Error::Producer(ProducerError::Batch(e)) => Some(kind(e, otherwise)),
+        _ => None,
+    };
+    found.unwrap_or(otherwise)
 }
 
 impl Publish for PulsarPublisher {
@@ -190,5 +216,52 @@ impl Publish for PulsarPublisher {
             }
             results
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use pulsar::error::{ConnectionError, ProducerError};
+
+    use super::*;
+
+    fn io(kind: std::io::ErrorKind) -> std::io::Error {
+        std::io::Error::new(kind, "as the client reports it")
+    }
+
+    /// Seen in a user trial: a send to a frozen broker failed after 30 s as `Rejected`
+    /// (permanent), so a caller checking `is_transient` would not have tried again.
+    #[test]
+    fn a_connection_that_times_out_or_goes_away_is_transient() {
+        let timed_out = pulsar::Error::Producer(ProducerError::Connection(ConnectionError::Io(
+            io(std::io::ErrorKind::TimedOut),
+        )));
+        assert_eq!(
+            kind(&timed_out, PublishErrorKind::Rejected),
+            PublishErrorKind::Timeout
+        );
+        let recreated = pulsar::Error::Producer(ProducerError::Batch(Arc::new(timed_out)));
+        assert_eq!(
+            kind(&recreated, PublishErrorKind::Rejected),
+            PublishErrorKind::Timeout
+        );
+        for gone in [
+            pulsar::Error::Connection(ConnectionError::Disconnected),
+            pulsar::Error::Producer(ProducerError::Closed),
+            pulsar::Error::Producer(ProducerError::Io(io(std::io::ErrorKind::BrokenPipe))),
+        ] {
+            let found = kind(&gone, PublishErrorKind::Rejected);
+            assert_eq!(found, PublishErrorKind::Disconnected, "{gone}");
+            assert!(found.is_transient());
+        }
+    }
+
+    #[test]
+    fn a_refusal_keeps_the_kind_it_is_given() {
+        let refused = pulsar::Error::Producer(ProducerError::Custom("refused".into()));
+        assert_eq!(
+            kind(&refused, PublishErrorKind::Rejected),
+            PublishErrorKind::Rejected
+        );
     }
 }

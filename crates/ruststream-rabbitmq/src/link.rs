@@ -11,7 +11,7 @@
 //! a pause while the broker refuses.
 
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use lapin::{Connection, ConnectionProperties};
 
@@ -24,6 +24,10 @@ pub(crate) struct Link {
     current: Mutex<Arc<Connection>>,
     /// Held while a new connection is being made: one attempt at a time.
     reconnecting: tokio::sync::Mutex<()>,
+    /// The last attempt that failed, and when it ended: a user that waited for it gets
+    /// its error instead of trying again in turn (with the broker away, many publishes
+    /// waiting would otherwise each wait a whole connect timeout, one after another).
+    failed: Mutex<Option<(Instant, String)>>,
 }
 
 impl Link {
@@ -37,6 +41,7 @@ impl Link {
             timeout,
             current: Mutex::new(Arc::new(connection)),
             reconnecting: tokio::sync::Mutex::new(()),
+            failed: Mutex::new(None),
         })
     }
 
@@ -62,6 +67,12 @@ impl Link {
 
     /// A connected connection: the one in use, or a new one made now when it was lost.
     pub(crate) async fn connected(&self) -> Result<Arc<Connection>, LinkError> {
+        self.connected_for(Instant::now()).await
+    }
+
+    /// [`connected`](Self::connected) for a caller waiting since `asked` (for its turn
+    /// at something of its own first): an attempt that failed since then is its answer.
+    pub(crate) async fn connected_for(&self, asked: Instant) -> Result<Arc<Connection>, LinkError> {
         let current = self.current();
         if current.status().connected() {
             return Ok(current);
@@ -72,7 +83,19 @@ impl Link {
             // Another user made it while this one waited.
             return Ok(current);
         }
-        let fresh = Arc::new(connect(&self.url, self.timeout).await?);
+        let failed = || self.failed.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((ended, error)) = &*failed()
+            && *ended >= asked
+        {
+            return Err(LinkError::Waited(error.clone()));
+        }
+        let fresh = match connect(&self.url, self.timeout).await {
+            Ok(connection) => Arc::new(connection),
+            Err(e) => {
+                *failed() = Some((Instant::now(), e.to_string()));
+                return Err(e);
+            }
+        };
         tracing::info!(url = &*self.shown, "reconnected to RabbitMQ");
         *self.current.lock().unwrap_or_else(PoisonError::into_inner) = Arc::clone(&fresh);
         Ok(fresh)
@@ -86,6 +109,9 @@ pub(crate) enum LinkError {
     Timeout(Duration),
     #[error(transparent)]
     Refused(#[from] lapin::Error),
+    /// An attempt made while this caller waited for its turn failed so.
+    #[error("{0} (the attempt made while this one waited)")]
+    Waited(String),
 }
 
 async fn connect(url: &str, timeout: Duration) -> Result<Connection, LinkError> {

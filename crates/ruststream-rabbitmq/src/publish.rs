@@ -3,6 +3,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
 
 use bytes::Bytes;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
@@ -67,7 +68,7 @@ impl RabbitPublisher {
                 idle_probes: Mutex::default(),
             }),
         };
-        publisher.channel().await?;
+        publisher.channel(Instant::now()).await?;
         Ok(publisher)
     }
 
@@ -83,8 +84,8 @@ impl RabbitPublisher {
             .cloned()
     }
 
-    /// The confirm channel, opened again when it was lost.
-    async fn channel(&self) -> Result<Channel, LinkError> {
+    /// The confirm channel, opened again when it was lost (for a send made at `asked`).
+    async fn channel(&self, asked: Instant) -> Result<Channel, LinkError> {
         if let Some(channel) = self.open_channel() {
             return Ok(channel);
         }
@@ -92,7 +93,7 @@ impl RabbitPublisher {
         if let Some(channel) = self.open_channel() {
             return Ok(channel);
         }
-        let connection = self.inner.link.connected().await?;
+        let connection = self.inner.link.connected_for(asked).await?;
         let frame_max = connection.configuration().frame_max();
         self.inner.frame_max.store(frame_max, Ordering::Relaxed);
         let channel = confirming(&connection).await?;
@@ -102,14 +103,15 @@ impl RabbitPublisher {
         Ok(channel)
     }
 
-    /// A confirming channel with nothing in flight: an idle one, or a new one.
-    async fn probe_channel(&self) -> Result<Channel, LinkError> {
+    /// A confirming channel with nothing in flight: an idle one, or a new one (for a
+    /// send made at `asked`).
+    async fn probe_channel(&self, asked: Instant) -> Result<Channel, LinkError> {
         while let Some(channel) = locked(&self.inner.idle_probes).pop() {
             if channel.status().connected() {
                 return Ok(channel);
             }
         }
-        confirming(&*self.inner.link.connected().await?).await
+        confirming(&*self.inner.link.connected_for(asked).await?).await
     }
 
     /// Sends `payload` to `queue` with `headers` and waits for the broker's confirm.
@@ -119,10 +121,11 @@ impl RabbitPublisher {
         headers: &Headers,
         payload: &[u8],
     ) -> Result<(), PublishError> {
+        let asked = Instant::now();
         let properties = BasicProperties::default()
             .with_delivery_mode(2) // persistent
             .with_headers(to_table(headers));
-        let channel = self.channel().await.map_err(|e| {
+        let channel = self.channel(asked).await.map_err(|e| {
             PublishError::new(
                 queue,
                 PublishErrorKind::Disconnected,
@@ -157,7 +160,7 @@ impl RabbitPublisher {
         );
         let held = turn.lock().await;
         let result = self
-            .probe_send(&channel, queue, payload, properties, held)
+            .probe_send(&channel, queue, payload, properties, held, asked)
             .await;
         // The queue's turn is forgotten once nobody else waits for it (a queue that
         // stays missing keeps no entry).
@@ -180,6 +183,7 @@ impl RabbitPublisher {
         payload: &[u8],
         properties: BasicProperties,
         turn: tokio::sync::MutexGuard<'_, ()>,
+        asked: Instant,
     ) -> Result<(), PublishError> {
         if locked(&self.inner.routed).contains(queue) {
             // Routed while this one waited: its place in the queue's order is kept by
@@ -189,7 +193,7 @@ impl RabbitPublisher {
             return self.confirmed(queue, confirm.await);
         }
         let probe = self
-            .probe_channel()
+            .probe_channel(asked)
             .await
             .map_err(|e| PublishError::new(queue, PublishErrorKind::Disconnected, e.to_string()))?;
         let confirmation = publish(&probe, queue, payload, properties).await?.await;

@@ -105,8 +105,8 @@ impl OwnRabbit {
         }
     }
 
-    /// SIGKILLs every process of this node (the Erlang VM and its wrapper).
-    pub fn kill(&self) {
+    /// Sends `signal` to every process of this node (the Erlang VM and its wrapper).
+    fn signal(&self, signal: &str) {
         let wanted = format!("RABBITMQ_NODENAME={}", self.node);
         for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
             let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
@@ -117,11 +117,27 @@ impl OwnRabbit {
                 .any(|var| var == wanted.as_bytes())
             {
                 let _ = std::process::Command::new("kill")
-                    .arg("-9")
+                    .arg(signal)
                     .arg(entry.file_name())
                     .status();
             }
         }
+    }
+
+    /// Stops the broker answering (SIGSTOP): connections stay open, nothing on them is
+    /// read or answered, and new ones are not accepted.
+    pub fn freeze(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a frozen broker go on (SIGCONT).
+    pub fn thaw(&self) {
+        self.signal("-CONT");
+    }
+
+    /// SIGKILLs every process of this node (the Erlang VM and its wrapper).
+    pub fn kill(&self) {
+        self.signal("-9");
         for mut wrapper in self.wrappers.lock().unwrap().drain(..) {
             let _ = wrapper.kill();
             let _ = wrapper.wait();
