@@ -169,6 +169,7 @@ impl<'r> Spread<'r> {
 impl Iterator for Spread<'_> {
     type Item = Ended;
 
+    #[inline]
     fn next(&mut self) -> Option<Ended> {
         if let Some(rejection) = self.refused.next()? {
             return Some((Completion::Rejected(rejection), None));

@@ -26,7 +26,11 @@ use crate::registration::BatchLimits;
 
 /// One lane: the batch it gathers and the batch it runs.
 struct BatchLane<R, F> {
-    open: Vec<Job<R>>,
+    /// The open batch's deliveries, and their receipts in the same order.
+    // The boxes travel to the call and back to the lanes for reuse: boxed on purpose.
+    #[allow(clippy::vec_box)]
+    open: Vec<Box<Incoming>>,
+    open_receipts: Vec<R>,
     /// When the open batch's first delivery came.
     opened: Option<Instant>,
     running: Pin<Box<Option<F>>>,
@@ -78,6 +82,7 @@ where
         let lanes = (0..count)
             .map(|_| BatchLane {
                 open: Vec::new(),
+                open_receipts: Vec::new(),
                 opened: None,
                 running: Box::pin(None),
                 receipts: Vec::new(),
@@ -112,7 +117,8 @@ where
         if gathering.open.is_empty() {
             gathering.opened = Some(Instant::now());
         }
-        gathering.open.push(job);
+        gathering.open.push(job.incoming);
+        gathering.open_receipts.push(job.receipt);
         self.held += 1;
         if self.is_due(lane, None) {
             self.cut(lane);
@@ -135,6 +141,7 @@ where
     fn cut(&mut self, lane: usize) {
         let BatchLane {
             open,
+            open_receipts,
             opened,
             running,
             receipts,
@@ -144,12 +151,11 @@ where
             return;
         }
         *opened = None;
-        // Drained, not taken: the lane's vectors keep their room for the next batch.
-        let mut members = Vec::with_capacity(open.len());
-        for job in open.drain(..) {
-            members.push(job.incoming);
-            receipts.push(job.receipt);
-        }
+        // The running batch's (empty) receipts become the next open batch's, keeping
+        // their room; the deliveries go to the call in a vector of their own.
+        std::mem::swap(receipts, open_receipts);
+        let capacity = open.len();
+        let members = std::mem::replace(open, Vec::with_capacity(capacity));
         self.running += members.len();
         running.set(Some((self.start)(members)));
         self.publish();
