@@ -48,8 +48,7 @@
 //! ([`Batches`](super::batches::Batches), through [`LaneWork`]): a fetched delivery joins
 //! its lane's open batch, a batch runs as one call once cut (`max_batch`, `max_wait`),
 //! and its deliveries come back one at a time, first in a pass, to be settled here like
-//! any other; the rest of a batch that finished are settled right after, one after
-//! another, before the next pass. The straight line fetches on while batches only gather.
+//! any other. The straight line fetches on while batches only gather.
 //!
 //! # Stop ([`stop`])
 //!
@@ -207,11 +206,6 @@ pub(super) async fn run<Sub, S, L>(
             }
         };
         d.settle(done, &mut timers).await;
-        // The rest of a finished batch, settled one after another without a pass each.
-        while let Some(done) = d.set.ready() {
-            d.set.start_waiting(&mut d.pending);
-            d.settle(done, &mut timers).await;
-        }
     }
 
     shared.health.ended();
