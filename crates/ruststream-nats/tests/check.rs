@@ -6,17 +6,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::own_server;
+use common::{own_server, signal};
 use ruststream_core::Descriptor;
 use ruststream_nats::Nats;
-
-fn signal(pid: u32, which: &str) {
-    let status = std::process::Command::new("kill")
-        .args([which, &pid.to_string()])
-        .status()
-        .expect("kill runs");
-    assert!(status.success(), "kill {which} {pid}");
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_sees_a_core_server_that_stopped_answering() {

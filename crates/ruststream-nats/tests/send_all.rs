@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{create_stream, nats, own_server, unique};
+use common::{create_stream, nats, own_server, signal, unique};
 use ruststream::Publisher;
 use ruststream::core::{Outgoing, PublishErrorKind};
 use ruststream_nats::MessageId;
@@ -78,14 +78,6 @@ async fn send_all_mixes_stream_and_core_subjects_and_answers_each() {
 }
 
 use futures_util::StreamExt as _;
-
-fn signal(pid: u32, which: &str) {
-    let status = std::process::Command::new("kill")
-        .args([which, &pid.to_string()])
-        .status()
-        .expect("kill runs");
-    assert!(status.success(), "kill {which} {pid}");
-}
 
 /// A JetStream server that stopped answering (SIGSTOP, on a server of the test's own):
 /// each message waits for its acknowledgement at most 5 s from its own send, so 3,000

@@ -40,6 +40,16 @@ pub async fn create_stream(
         .expect("create stream")
 }
 
+/// Sends `which` (`-STOP`, `-CONT`) to process `pid`: to freeze a server and thaw it.
+#[allow(dead_code)]
+pub fn signal(pid: u32, which: &str) {
+    let status = std::process::Command::new("kill")
+        .args([which, &pid.to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success(), "kill {which} {pid}");
+}
+
 /// A nats-server of the test's own, killed when dropped.
 pub struct OwnServer {
     _process: tokio::process::Child,
