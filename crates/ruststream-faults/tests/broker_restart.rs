@@ -6,7 +6,8 @@
 //! scripts/test), SIGKILLed and started again on the same port and data directory. Kafka runs
 //! librdkafka's mock cluster: tansu keeps nothing across a restart (see brokers.md), so
 //! its one broker is taken down (connections cut, new ones refused) and brought up again,
-//! keeping its log and offsets.
+//! keeping its log and offsets. A pulsar-lite of the test's own is also frozen (SIGSTOP)
+//! under a publisher, to see how its send fails (G3).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -77,6 +78,21 @@ impl Process {
             .unwrap_or_else(|e| panic!("starting {}: {e}", self.program.display()));
         self.child = Some(child);
         wait_listening(self.port, &self.program.display().to_string()).await;
+    }
+
+    /// Stops the broker answering (SIGSTOP) or lets it go on (SIGCONT): connections stay
+    /// open, nothing on them is read.
+    fn signal(&self, which: &str) {
+        let pid = self
+            .child
+            .as_ref()
+            .and_then(Child::id)
+            .expect("the broker runs");
+        let status = std::process::Command::new("kill")
+            .args([which, &pid.to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill {which} {pid}");
     }
 
     async fn kill(&mut self) {
@@ -514,6 +530,37 @@ async fn s8_redis_two_server_restarts_lose_no_confirmed_message() {
     )
     .await;
     let _ = std::fs::remove_dir_all(&data);
+}
+
+/// G3's transient refusals on Pulsar: a send to a pulsar-lite of this test's own that
+/// stopped answering (SIGSTOP) fails after the client's operation timeout (30 s) as a
+/// transient `Timeout`. It failed as `Rejected`, which reads as permanent, so a caller
+/// (or a copy's publish) would not have tried it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g3_a_send_to_a_pulsar_broker_that_stopped_answering_fails_as_transient() {
+    let (broker, data, _address, pulsar) = own_pulsar().await;
+    let topic = format!("persistent://public/default/{}", unique("frozen"));
+    let publisher = pulsar.publisher();
+    publisher
+        .send(&topic, None, &Headers::new(), b"warm".to_vec())
+        .await
+        .expect("stored while the broker answers");
+    broker.signal("-STOP");
+    let started = Instant::now();
+    let sent = publisher
+        .send(&topic, None, &Headers::new(), b"frozen".to_vec())
+        .await;
+    let took = started.elapsed();
+    broker.signal("-CONT");
+    let _ = std::fs::remove_dir_all(&data);
+    let error = sent.expect_err("no receipt from a frozen broker");
+    assert_eq!(
+        error.kind(),
+        ruststream::core::PublishErrorKind::Timeout,
+        "{error}"
+    );
+    assert!(error.kind().is_transient());
+    assert!(took < Duration::from_secs(60), "took {took:?}");
 }
 
 /// A pulsar-lite of this test's own, and a client through the checksum relay.

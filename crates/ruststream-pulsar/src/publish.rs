@@ -4,9 +4,7 @@ use std::sync::Arc;
 
 use pulsar::TokioExecutor;
 use pulsar::producer::{Message, MultiTopicProducer};
-use ruststream_core::{
-    AddressNames, BoxFuture, Headers, Outgoing, Publish, PublishError, PublishErrorKind,
-};
+use ruststream_core::{BoxFuture, Headers, Outgoing, Publish, PublishError, PublishErrorKind};
 use tokio::sync::Mutex;
 
 /// Publishes to any topic (one producer per topic, made on first use). Cheap to clone.
@@ -174,12 +172,11 @@ impl Publish for PulsarPublisher {
     ) -> BoxFuture<'a, Vec<Result<(), PublishError>>> {
         Box::pin(async move {
             let mut started = Vec::with_capacity(messages.size_hint().0);
-            let mut names = AddressNames::default();
             let mut failed: Vec<(Arc<str>, PublishErrorKind)> = Vec::new();
             let mut ready = Vec::with_capacity(CHUNK);
             loop {
                 ready.extend(messages.by_ref().take(CHUNK).map(|message| {
-                    let topic = names.get(&message.address);
+                    let topic = Arc::clone(&message.address);
                     let payload = message.payload.to_vec();
                     let made =
                         message_of(&topic, message.key.as_deref(), &message.headers, payload);
