@@ -5,10 +5,14 @@ use std::io::Write;
 use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
+use ruststream::batch::Batch;
+use ruststream::core::Outgoing;
 use ruststream::memory::MemoryBroker;
 use ruststream::middleware::Completion;
 use ruststream::testing::TestApp;
-use ruststream::{App, Backoff, HandlerOutcome, Meta, RETRY_COUNT_HEADER, State, on};
+use ruststream::{
+    App, Backoff, BatchOutcome, HandlerOutcome, Meta, RETRY_COUNT_HEADER, State, on, on_batch,
+};
 
 static LOG: OnceLock<Mutex<Vec<u8>>> = OnceLock::new();
 
@@ -117,6 +121,92 @@ async fn g1_a_timed_out_attempt_counts_toward_the_cap_and_dead_letters() {
         "dead-lettered at the cap"
     );
     test.stop().await;
+}
+
+/// Fails its first three calls of a message, each a different way: an `Err`, a panic,
+/// the deadline; acks from the fourth attempt.
+async fn fails_three_ways(batch: Batch<u32>) -> Result<BatchOutcome, String> {
+    match batch.iter().map(|item| item.attempt().number()).min() {
+        Some(1) => Err("the database said no".into()),
+        Some(2) => panic!("boom in a batch"),
+        Some(3) => std::future::pending().await,
+        _ => Ok(BatchOutcome::ack_all()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g2_a_failed_batch_is_reported_once_not_once_per_message() {
+    capture_logs();
+    let broker = MemoryBroker::recording();
+    let app = App::new().register(
+        on_batch(broker.topic("rows"), fails_three_ways)
+            .name("batched")
+            .max_batch(30)
+            .max_wait(Duration::from_millis(200))
+            .timeout(Duration::from_millis(100))
+            .max_attempts(5)
+            .dead_letter("rows.dead"),
+    );
+    let test = TestApp::start(app, &broker).await.unwrap();
+    let rows = (0..30u32).map(|n| Outgoing::new("rows", n.to_string()));
+    assert!(
+        test.publisher()
+            .send_all(rows)
+            .await
+            .iter()
+            .all(Result::is_ok)
+    );
+    test.settled().await;
+    test.stop().await;
+    assert!(
+        broker.published("rows.dead").is_empty(),
+        "all acked at attempt 4"
+    );
+    let log = logs();
+    let ours = |l: &&str| l.contains("registration=\"batched\"");
+    let per_message: Vec<&str> = log
+        .lines()
+        .filter(ours)
+        .filter(|l| l.contains("runtime::lane:"))
+        .collect();
+    assert!(
+        per_message.is_empty(),
+        "one line per message: {per_message:#?}"
+    );
+    // Each failure once per call, loud (capped: every attempt), with how many it held.
+    for (what, level, attempt) in [
+        ("batch handler returned an error", "WARN", "attempts=1 "),
+        ("batch handler panicked", "ERROR", "attempts=2 "),
+        ("batch handler passed its deadline", "ERROR", "attempts=3 "),
+    ] {
+        let lines: Vec<&str> = log
+            .lines()
+            .filter(ours)
+            .filter(|l| l.contains(what))
+            .collect();
+        let messages: usize = lines
+            .iter()
+            .map(|l| {
+                assert!(
+                    l.contains(level) && l.contains(attempt) && l.contains("address=\"rows\""),
+                    "{l}"
+                );
+                let held = l
+                    .split("batch=")
+                    .nth(1)
+                    .and_then(|rest| rest.split(' ').next());
+                held.and_then(|n| n.parse::<usize>().ok()).expect("batch=n")
+            })
+            .sum();
+        assert_eq!(
+            messages, 30,
+            "{what}: every message, in as many lines as calls: {lines:#?}"
+        );
+        assert!(
+            lines.len() <= 3,
+            "{what}: one line per call, not per message: {lines:#?}"
+        );
+    }
 }
 
 async fn retry_then_ack(meta: Meta) -> HandlerOutcome {

@@ -10,11 +10,12 @@ use ruststream_core::Cause;
 use super::copy;
 use super::lane::{self, Concluded};
 use super::lanes::Finished;
+use super::quiet;
 use super::shared::{Fate, Shared};
 use super::unwind::{CatchUnwind, Report};
 use crate::batch::{BatchOutcome, CallBatch, Members};
 use crate::extract::{Incoming, Rejection};
-use crate::middleware::Completion;
+use crate::middleware::{Chain, Completion};
 use crate::ops::Instruments;
 
 /// How one call ended for one delivery, and a panic's report (given to the first only).
@@ -47,7 +48,14 @@ pub(crate) async fn handle_batch<S: CallBatch>(
     while !todo.is_empty() {
         let called = shared.metrics.as_ref().map(Instruments::now);
         let members = Arc::new(Members(std::mem::take(&mut todo)));
-        let result = call(shared, &members, &mut refused).await;
+        let mut result = call(shared, &members, &mut refused).await;
+        // A failed call is reported once for its batch, each message's report then quiet.
+        let told = if let Err((failure, report)) = &mut result {
+            report_failed_call(shared, &members, &refused, failure, report.take());
+            true
+        } else {
+            false
+        };
         let ended = Spread::new(result, &mut refused, shared);
         let (mut again_at, mut again) = (Vec::new(), Vec::new());
         for ((i, incoming), (completion, report)) in
@@ -58,7 +66,7 @@ pub(crate) async fn handle_batch<S: CallBatch>(
                 finished[i] = (Fate::Settle(settle), Some(incoming));
                 continue;
             }
-            match lane::conclude(shared, incoming, completion, report, called).await {
+            match lane::conclude(shared, incoming, completion, report, called, told).await {
                 Concluded::Finished(done) => finished[i] = done,
                 Concluded::Rerun(incoming) => {
                     again_at.push(i);
@@ -119,6 +127,68 @@ async fn call<S: CallBatch>(
                 Err(failed) => Err(failed),
             }
         }
+    }
+}
+
+/// A call that failed (its `Err`, a panic, the deadline), reported once for its batch:
+/// the registration, the address, how many messages the handler had and their attempts,
+/// and why (a panic's backtrace with a first attempt). A failed batch of 500 is one line,
+/// not 500; each message's own report is at DEBUG. As loud as one message's would be
+/// (G2): under a cap on every attempt, else when some attempt is 1, 10, 100...
+#[cold]
+fn report_failed_call<S>(
+    shared: &Shared<S>,
+    members: &Members,
+    refused: &[Option<Rejection>],
+    failure: &Completion,
+    report: Option<Box<Report>>,
+) {
+    let (mut batch, mut first, mut last, mut loud, mut address) = (0, u32::MAX, 0, false, "");
+    let handed = members.0.iter().zip(refused).filter(|(_, r)| r.is_none());
+    for delivery in handed.map(|(incoming, _)| incoming.delivery()) {
+        let attempt = delivery.attempt().number();
+        (batch, first, last) = (batch + 1, first.min(attempt), last.max(attempt));
+        loud |= quiet::is_loud(shared, attempt);
+        if address.is_empty() {
+            address = delivery.address();
+        }
+    }
+    let attempts = if first == last {
+        first.to_string()
+    } else {
+        format!("{first}-{last}")
+    };
+    let (what, why) = match failure {
+        Completion::Failed(error) => (
+            "batch handler returned an error; retrying every message of the batch",
+            Chain(error.as_error()).to_string(),
+        ),
+        Completion::Panicked(message) => {
+            let mut why = message.clone();
+            if let Some(report) = report {
+                why = format!("{why} at {}", report.location);
+                if let (Some(backtrace), 1) = (report.backtrace, first) {
+                    why = format!("{why}\n{backtrace}");
+                }
+            }
+            (
+                "batch handler panicked; retrying every message of the batch",
+                why,
+            )
+        }
+        Completion::TimedOut(deadline) => (
+            "batch handler passed its deadline and was cancelled; counted as a failed attempt of every message of the batch",
+            format!("deadline {deadline:?}"),
+        ),
+        Completion::Outcome(_) | Completion::Rejected(_) => return,
+    };
+    let registration = &*shared.registration;
+    match failure {
+        _ if !loud => tracing::debug!(registration, address, batch, %attempts, %why, "{what}"),
+        Completion::Failed(_) => {
+            tracing::warn!(registration, address, batch, %attempts, %why, "{what}")
+        }
+        _ => tracing::error!(registration, address, batch, %attempts, %why, "{what}"),
     }
 }
 

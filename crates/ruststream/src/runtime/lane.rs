@@ -8,6 +8,7 @@ use std::task::Poll;
 use super::copy;
 use super::lanes::Finished;
 use super::mount::Handled;
+use super::quiet::{is_loud, is_power_of_ten};
 use super::shared::{DelayedCopy, Fate, Shared};
 use super::unwind::{CatchUnwind, Caught, Report};
 use super::why::{self, Why};
@@ -53,7 +54,7 @@ pub(crate) async fn handle<S: Service>(
         if let Some(settle) = settled_as_planned(shared, incoming.delivery(), &completion) {
             return (Fate::Settle(settle), Some(incoming));
         }
-        match conclude(shared, incoming, completion, report, called).await {
+        match conclude(shared, incoming, completion, report, called, false).await {
             Concluded::Finished(finished) => return finished,
             Concluded::Rerun(again) => {
                 reruns += 1;
@@ -104,16 +105,18 @@ pub(crate) enum Concluded {
 }
 
 /// How a call ended, made into what to settle: planned, reported, its copy published
-/// (or kept for its delay). `called`: when the call began, for the metrics. The caller
-/// takes [`settled_as_planned`] first, the common case's early branch.
+/// (or kept for its delay). `called`: when the call began, for the metrics; `told`: the
+/// call's failure was reported for its whole batch (this delivery's report is quiet). The
+/// caller takes [`settled_as_planned`] first, the common case's early branch.
 pub(crate) async fn conclude<S>(
     shared: &Shared<S>,
     mut incoming: Box<Incoming>,
     completion: Completion,
     report: Option<Box<Report>>,
     called: Option<u64>,
+    told: bool,
 ) -> Concluded {
-    let plan = decide(shared, incoming.delivery(), &completion, report);
+    let plan = decide(shared, incoming.delivery(), &completion, report, told);
     if let (Some(metrics), Some(called)) = (&shared.metrics, called) {
         metrics.observe_since(called);
         metrics.observe_age(incoming.delivery().metadata().timestamp_ms);
@@ -195,13 +198,14 @@ fn decide<S>(
     delivery: &Delivery,
     completion: &Completion,
     report: Option<Box<Report>>,
+    told: bool,
 ) -> Plan {
     let verdict = match completion {
         // The common case: the handler's own outcome, nothing to report.
         Completion::Outcome(outcome) => Verdict::Outcome(*outcome),
-        _ => failure_verdict(shared, delivery, completion, report),
+        _ => failure_verdict(shared, delivery, completion, report, told),
     };
-    let verdict = with_backoff(shared, delivery, verdict);
+    let verdict = with_backoff(shared, delivery, verdict, told);
     let attempt = delivery.attempt().number();
     let plan = plan(verdict, attempt, &shared.declaration, &shared.capabilities);
     if let Some(error) = &plan.error {
@@ -211,20 +215,18 @@ fn decide<S>(
 }
 
 /// What a failed call (an error, a panic, the deadline, a refused extraction) amounts
-/// to, reported as loudly as the spec asks.
+/// to, reported as loudly as the spec asks (quietly when the batch's report `told` it).
 fn failure_verdict<S>(
     shared: &Shared<S>,
     delivery: &Delivery,
     completion: &Completion,
     report: Option<Box<Report>>,
+    told: bool,
 ) -> Verdict {
     let registration = &*shared.registration;
     let address = delivery.address();
     let attempt = delivery.attempt().number();
-    // A failing delivery nothing caps is reported at attempts 1, 10, 100... and quietly
-    // in between, so a loop never floods the log (G2); a capped one on every attempt.
-    let loud =
-        shared.declaration.max_attempts.is_some() || attempt == 1 || is_power_of_ten(attempt);
+    let loud = !told && is_loud(shared, attempt);
     match completion {
         Completion::Outcome(outcome) => Verdict::Outcome(*outcome),
         Completion::Failed(error) => {
@@ -312,11 +314,16 @@ fn report_panic(
 
 /// A `retry()` under the registration's backoff becomes a delayed redelivery (G2); an
 /// uncapped retry loop is reported now and then.
-fn with_backoff<S>(shared: &Shared<S>, delivery: &Delivery, verdict: Verdict) -> Verdict {
+fn with_backoff<S>(
+    shared: &Shared<S>,
+    delivery: &Delivery,
+    verdict: Verdict,
+    told: bool,
+) -> Verdict {
     let attempt = delivery.attempt().number();
     match verdict {
         Verdict::Outcome(outcome) if matches!(outcome.kind(), OutcomeKind::Retry { .. }) => {
-            if shared.declaration.max_attempts.is_none() && is_power_of_ten(attempt) {
+            if !told && shared.declaration.max_attempts.is_none() && is_power_of_ten(attempt) {
                 // Nothing caps it: say so now and then, never silently (G2).
                 tracing::warn!(
                     registration = &*shared.registration,
@@ -364,27 +371,5 @@ fn report_unsupported<S>(
         tracing::debug!(registration, address, attempt, %error, "settlement not supported");
     } else {
         tracing::warn!(registration, address, attempt, %error, "settlement not supported");
-    }
-}
-
-fn is_power_of_ten(attempt: u32) -> bool {
-    let mut n = attempt;
-    if n < 10 {
-        return false;
-    }
-    while n % 10 == 0 {
-        n /= 10;
-    }
-    n == 1
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn g2_warns_at_attempts_10_100_1000() {
-        let warned: Vec<u32> = (1..=20_000)
-            .filter(|a| super::is_power_of_ten(*a))
-            .collect();
-        assert_eq!(warned, [10, 100, 1000, 10_000]);
     }
 }

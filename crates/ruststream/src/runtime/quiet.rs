@@ -1,10 +1,13 @@
 //! Failures that repeat while a broker is down (every fetch, every settlement) logged
 //! without flooding: the first of a run at ERROR, then at most one a minute with how
-//! many were left out, the rest at DEBUG; a success ends the run.
+//! many were left out, the rest at DEBUG; a success ends the run. And a delivery that
+//! keeps failing, reported now and then (G2).
 
 use std::time::Duration;
 
 use tokio::time::Instant;
+
+use super::shared::Shared;
 
 /// At most one ERROR line this often while failures go on.
 const ERROR_LOG_EVERY: Duration = Duration::from_secs(60);
@@ -48,6 +51,24 @@ impl ErrorRun {
     }
 }
 
+/// Whether a failed attempt is reported loudly: a failing delivery nothing caps at
+/// attempts 1, 10, 100... and quietly in between, so a loop never floods the log (G2); a
+/// capped one on every attempt.
+pub(crate) fn is_loud<S>(shared: &Shared<S>, attempt: u32) -> bool {
+    shared.declaration.max_attempts.is_some() || attempt == 1 || is_power_of_ten(attempt)
+}
+
+pub(crate) fn is_power_of_ten(attempt: u32) -> bool {
+    let mut n = attempt;
+    if n < 10 {
+        return false;
+    }
+    while n % 10 == 0 {
+        n /= 10;
+    }
+    n == 1
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -71,5 +92,13 @@ mod tests {
             Some(0),
             "after a success, a failure is news again"
         );
+    }
+
+    #[test]
+    fn g2_warns_at_attempts_10_100_1000() {
+        let warned: Vec<u32> = (1..=20_000)
+            .filter(|a| super::is_power_of_ten(*a))
+            .collect();
+        assert_eq!(warned, [10, 100, 1000, 10_000]);
     }
 }
