@@ -431,12 +431,15 @@ async fn sleep_until_some(due: Option<Instant>) {
 }
 
 /// Moves entry `id`, its fields as stored (an earlier dead letter's D6 fields replaced by
-/// `why`'s), to the dead-letter stream `dead` and
-/// acknowledges it: the entry is read here (`XRANGE`), then `XADD` and `XACK` go in one
-/// `MULTI`/`EXEC`, both or neither. (A server-side script cannot: Lua's `unpack` fails
-/// on an entry of a few thousand fields, which then could never be dead-lettered.)
-/// Returns how many entries were moved: 0 when the entry was trimmed from the stream
-/// meanwhile, and is only acknowledged.
+/// `why`'s), to the dead-letter stream `dead` and acknowledges it: the entry is read here
+/// (`XRANGE`), then `XADD` and the acknowledgement go in one `MULTI`/`EXEC`, both or
+/// neither. Redis runs the rest of a transaction when one command fails as it runs (an
+/// `XADD` to a key of another type: `WRONGTYPE`), so the acknowledgement is a script
+/// that acknowledges only when the dead letter is a stream ([`ACK_IF_MOVED`]): a refused
+/// dead letter leaves the entry pending (G3). (The `XADD` itself cannot be a script: Lua's
+/// `unpack` fails on an entry of a few thousand fields, which then could never be
+/// dead-lettered.) Returns how many entries were moved: 0 when the entry was trimmed from
+/// the stream meanwhile, and is only acknowledged.
 async fn dead_letter(
     commands: &mut ConnectionManager,
     shared: &Shared,
@@ -469,11 +472,20 @@ async fn dead_letter(
         }
         xadd.ignore();
     }
-    pipe.cmd("XACK")
-        .arg(stream)
-        .arg(&shared.group)
-        .arg(id)
-        .ignore();
+    if found.is_empty() {
+        pipe.cmd("XACK");
+    } else {
+        pipe.cmd("EVAL").arg(ACK_IF_MOVED).arg(2).arg(dead);
+    }
+    pipe.arg(stream).arg(&shared.group).arg(id).ignore();
     let () = pipe.query_async(commands).await?;
     Ok(found.len())
 }
+
+/// The acknowledgement of a dead-lettered entry, run in the transaction after its `XADD`
+/// (`KEYS`: the dead-letter stream, the stream; `ARGV`: the group, the entry's id): only
+/// when the dead letter is a stream, which the `XADD` made it or found it, else an error.
+const ACK_IF_MOVED: &str = "if redis.call('TYPE', KEYS[1]).ok ~= 'stream' then \
+    return redis.error_reply('NOTMOVED the dead-letter key is not a stream: the entry stays pending') \
+end \
+return redis.call('XACK', KEYS[2], ARGV[1], ARGV[2])";

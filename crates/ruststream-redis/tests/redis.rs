@@ -392,6 +392,62 @@ async fn s6_at_the_cap_the_entry_moves_to_the_dead_letter_stream_as_stored() {
     assert_eq!(pending(&redis, &key, "g").await, 0, "and acknowledged");
 }
 
+/// A dead letter Redis refuses as it runs the transaction (the dead-letter key holds a
+/// string: `WRONGTYPE`, which does not stop the rest of a `MULTI`) leaves the entry
+/// pending rather than acknowledged without its dead letter (G3, S6); once the key can
+/// take it, the entry comes back and is dead-lettered, the handler not run again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g3_s6_a_dead_letter_redis_refuses_leaves_the_entry_pending() {
+    let redis = redis().await;
+    let (key, dead) = (stream("g3-refused"), stream("g3-refused-dead"));
+    let mut connection = redis.connection();
+    let () = query(
+        &mut connection,
+        redis::cmd("SET").arg(&dead).arg("a string"),
+    )
+    .await;
+    add(&redis, &key, b"{\"id\":1}").await;
+    let script = Script::new(|_| HandlerOutcome::retry());
+    let running = App::new()
+        .register(
+            on(
+                redis
+                    .stream(&key, "g")
+                    .claim_timeout(Duration::from_millis(300)),
+                handler(Arc::clone(&script)),
+            )
+            .max_attempts(1)
+            .dead_letter(dead.as_str()),
+        )
+        .start()
+        .await
+        .expect("starts");
+    eventually(Duration::from_secs(10), "one attempt", || {
+        script.count() == 1
+    })
+    .await;
+    // The dead letter is tried at once, and again each time the entry comes back.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        pending(&redis, &key, "g").await,
+        1,
+        "not acknowledged while its dead letter is refused"
+    );
+    let () = query(&mut connection, redis::cmd("DEL").arg(&dead)).await;
+    let mut moved = 0;
+    for _ in 0..100 {
+        moved = query(&mut connection, redis::cmd("XLEN").arg(&dead)).await;
+        if moved > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    running.stop().await;
+    assert_eq!(moved, 1, "dead-lettered once the key can take it");
+    assert_eq!(pending(&redis, &key, "g").await, 0, "and acknowledged");
+    assert_eq!(script.count(), 1, "the handler never runs past the cap");
+}
+
 /// A dead letter's fields: those stored with the original, and those the runtime added
 /// (`x-ruststream-dead-letter-*`, SPEC D6).
 fn said(fields: &Fields) -> (Fields, Fields) {
