@@ -250,3 +250,66 @@ async fn run_is_the_default_and_a_published_message_is_handled_until_sigterm() {
     running.signal("TERM");
     assert_eq!(running.exits_within(Duration::from_secs(30)).await, Some(0));
 }
+
+/// `run`, its program setting no subscriber of its own, logs to standard error: each
+/// registration's `consuming` line at start, the stop; `RUST_LOG` sets the level.
+#[tokio::test]
+async fn run_logs_to_stderr_by_default() {
+    use std::io::{BufRead, BufReader};
+    let topic = unique("cli-logs");
+    create_topics(&brokers(), &[&topic]).await;
+    let mut child = Command::new(SERVICE)
+        .env("RUSTSTREAM_KAFKA_BROKERS", brokers())
+        .env("CLI_SERVICE_TOPIC", &topic)
+        .env("RUST_LOG", "info")
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("run cli-service");
+    let stderr = child.stderr.take().expect("stderr");
+    let (lines_tx, lines) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = lines_tx.send(line);
+        }
+    });
+    let mut said = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !said
+        .iter()
+        .any(|l: &String| l.contains("take-order") && l.contains("consuming"))
+    {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match lines.recv_timeout(left) {
+            Ok(line) => said.push(line),
+            Err(_) => panic!("no `consuming` line within 60 s: {said:#?}"),
+        }
+    }
+    let pid = child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill")
+            .success()
+    );
+    let exited = child.wait().expect("wait");
+    said.extend(lines.try_iter());
+    // The reader thread may still hold the last lines: give it a moment.
+    std::thread::sleep(Duration::from_millis(200));
+    said.extend(lines.try_iter());
+    assert_eq!(exited.code(), Some(0), "{said:#?}");
+    let consuming = said
+        .iter()
+        .find(|l| l.contains("consuming"))
+        .expect("consuming");
+    assert!(
+        consuming.contains("INFO") && consuming.contains(&format!("address=\"{topic}\"")),
+        "{consuming}"
+    );
+    assert!(
+        said.iter()
+            .any(|l| l.contains("stop signal received; draining")),
+        "{said:#?}"
+    );
+}

@@ -346,6 +346,7 @@ impl App {
                     source,
                 });
             }
+            tracing::info!(registration = name, address, "consuming");
         }
         health.started();
         Ok(running)
@@ -353,7 +354,11 @@ impl App {
 
     /// Starts, then runs until SIGINT, SIGTERM or a [`StopHandle`], then drains: see
     /// [`Running::until_signal`].
+    ///
+    /// Unless the program set a `tracing` subscriber first, this installs one that logs
+    /// INFO and above (or what `RUST_LOG` says) to standard error.
     pub async fn run(self) -> Result<(), StartError> {
+        crate::logs::init_default();
         self.start().await?.until_signal().await;
         Ok(())
     }

@@ -83,6 +83,7 @@ pub mod extract;
 mod group;
 pub mod handler;
 mod in_flight;
+mod logs;
 pub mod memory;
 pub mod middleware;
 pub mod ops;

@@ -19,7 +19,9 @@ impl App {
     /// `run` (the default), `check [--connect]`, `asyncapi [--format json|yaml] [--out
     /// FILE]` and `publish ADDRESS JSON|@FILE [--key K] [--header NAME=VALUE] [--via
     /// REGISTRATION]`, each with `--help`. Exit codes: 0 done, 1 the command failed, 2 a
-    /// usage error. See the guide's "The command line".
+    /// usage error. See the guide's "The command line". Unless the program set a
+    /// `tracing` subscriber first, this installs one that logs INFO and above (or what
+    /// `RUST_LOG` says) to standard error, apart from the commands' own output.
     ///
     /// ```no_run
     /// # use ruststream::App;
@@ -30,6 +32,7 @@ impl App {
     /// }
     /// ```
     pub async fn cli(self) -> std::process::ExitCode {
+        crate::logs::init_default();
         main(self, std::env::args_os()).await
     }
 
