@@ -65,7 +65,8 @@ const CHUNK: usize = 256;
 type Receipt = pulsar::producer::SendFuture;
 
 /// What Pulsar carries of a message: properties and the partition key are text, so a
-/// header or key that is not UTF-8 is refused by name.
+/// header or key that is not UTF-8 is refused by name; so is an empty topic name (the
+/// client would send it somewhere no registration reads).
 fn message_of(
     topic: &str,
     key: Option<&[u8]>,
@@ -73,6 +74,9 @@ fn message_of(
     payload: Vec<u8>,
 ) -> Result<Message, PublishError> {
     let refuse = |detail: String| PublishError::new(topic, PublishErrorKind::Rejected, detail);
+    if topic.is_empty() {
+        return Err(refuse("the topic name is empty".to_owned()));
+    }
     let mut properties = std::collections::HashMap::with_capacity(headers.len());
     for (name, value) in headers.iter() {
         let text = std::str::from_utf8(value).map_err(|_| {

@@ -265,3 +265,26 @@ async fn send_all_refuses_only_the_message_pulsar_cannot_carry() {
         .collect();
     assert_eq!(read, ["0", "1", "2", "3", "5", "6", "7", "8", "9"]);
 }
+
+/// An empty topic name (an unset setting, say) is refused by name, not sent, and the
+/// call's other messages go out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_topic_name_is_refused_and_the_others_go_out() {
+    let pulsar = pulsar().await;
+    let topic = unique("send-all-empty");
+    let messages = [
+        ruststream::core::Outgoing::new("", "to nowhere"),
+        ruststream::core::Outgoing::new(topic.as_str(), "1"),
+    ];
+    let results = ruststream::Publisher::new(pulsar.publish_handle())
+        .send_all(messages)
+        .await;
+    let refused = results[0].as_ref().expect_err("an empty topic name");
+    assert_eq!(
+        refused.kind(),
+        ruststream::core::PublishErrorKind::Rejected,
+        "{refused}"
+    );
+    assert!(refused.to_string().contains("empty"), "{refused}");
+    assert!(results[1].is_ok(), "{:?}", results[1]);
+}

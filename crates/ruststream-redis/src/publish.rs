@@ -127,8 +127,16 @@ impl Publish for RedisPublisher {
     }
 }
 
-/// The `XADD` of one entry; a header named like the payload field is refused.
+/// The `XADD` of one entry; a header named like the payload field is refused, and so is
+/// an empty stream name (Redis would take it as a key; a registration cannot read one).
 fn xadd(stream: &str, headers: &Headers, payload: &[u8]) -> Result<redis::Cmd, PublishError> {
+    if stream.is_empty() {
+        return Err(PublishError::new(
+            stream,
+            PublishErrorKind::Rejected,
+            "the stream name is empty",
+        ));
+    }
     let mut command = redis::cmd("XADD");
     command.arg(stream).arg("*").arg(PAYLOAD_FIELD).arg(payload);
     for (name, value) in headers.iter() {

@@ -63,3 +63,37 @@ async fn send_all_answers_each_message_and_names_the_refused_ones_stream() {
         assert_eq!(payloads, expected, "{stream}");
     }
 }
+
+/// An empty stream name (an unset setting, say) is refused, not written under the key
+/// "" (which Redis would take), and the call's other messages go out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_stream_name_is_refused_and_the_others_go_out() {
+    let redis = redis().await;
+    let stream = format!("send-all-empty-{}", unique_suffix());
+    let mut connection = redis.connection();
+    let before = entries_under_the_empty_key(&mut connection).await;
+    let messages = [
+        Outgoing::new("", "to nowhere"),
+        Outgoing::new(stream.as_str(), "1"),
+    ];
+    let results = Publisher::new(redis.publish_handle())
+        .send_all(messages)
+        .await;
+    let refused = results[0].as_ref().expect_err("an empty stream name");
+    assert_eq!(refused.kind(), PublishErrorKind::Rejected, "{refused}");
+    assert!(refused.to_string().contains("empty"), "{refused}");
+    assert!(results[1].is_ok(), "{:?}", results[1]);
+    assert_eq!(
+        entries_under_the_empty_key(&mut connection).await,
+        before,
+        "nothing added under the key \"\""
+    );
+}
+
+async fn entries_under_the_empty_key(connection: &mut redis::aio::ConnectionManager) -> usize {
+    redis::cmd("XLEN")
+        .arg("")
+        .query_async(connection)
+        .await
+        .expect("XLEN")
+}
