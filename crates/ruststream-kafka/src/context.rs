@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use rdkafka::ClientContext;
 use rdkafka::client::OAuthToken;
@@ -57,6 +58,40 @@ pub struct KafkaContext {
     /// Where the start's metadata probe keeps librdkafka's last error event (an
     /// authentication or TLS failure shows only there), for its start error.
     last_error: Option<Arc<Mutex<Option<String>>>>,
+    /// librdkafka's error events said at WARN lately, shared by the clients made from
+    /// one `Kafka`.
+    repeats: Arc<Repeats>,
+}
+
+/// While a broker is away, librdkafka reports the same error event every second or so
+/// per client (`AllBrokersDown`, a refused connect): each kind of error is said at WARN
+/// at most once a minute, with how many were said only at DEBUG since.
+#[derive(Debug, Default)]
+struct Repeats(Mutex<HashMap<String, (Instant, u64)>>);
+
+/// How often one kind of librdkafka error event is said at WARN while it repeats.
+const REPEAT_EVERY: Duration = Duration::from_secs(60);
+
+impl Repeats {
+    /// An error event of kind `key` at `now`: `Some(how many were quiet since the last
+    /// loud one)` when this one is loud.
+    fn note(&self, key: &str, now: Instant, every: Duration) -> Option<u64> {
+        let mut said = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        match said.get_mut(key) {
+            Some((at, quiet)) if now.duration_since(*at) < every => {
+                *quiet += 1;
+                None
+            }
+            Some((at, quiet)) => {
+                *at = now;
+                Some(std::mem::take(quiet))
+            }
+            None => {
+                said.insert(key.to_owned(), (now, 0));
+                Some(0)
+            }
+        }
+    }
 }
 
 impl KafkaContext {
@@ -64,6 +99,7 @@ impl KafkaContext {
         Self {
             oauth,
             last_error: None,
+            repeats: Arc::default(),
         }
     }
 
@@ -72,6 +108,7 @@ impl KafkaContext {
         Self {
             oauth: self.oauth.clone(),
             last_error: Some(Arc::default()),
+            repeats: Arc::clone(&self.repeats),
         }
     }
 
@@ -110,10 +147,19 @@ impl ClientContext for KafkaContext {
     }
 
     /// librdkafka's error events (a broker down, an authentication or TLS failure):
-    /// logged, and kept for the start error when this context records them. Their text
+    /// logged (each kind at WARN at most once a minute while it repeats, the others at
+    /// DEBUG), and kept for the start error when this context records them. Their text
     /// names brokers and causes, never a credential.
     fn error(&self, error: KafkaError, reason: &str) {
-        tracing::warn!(target: "librdkafka", %error, "{reason}");
+        match self
+            .repeats
+            .note(&error.to_string(), Instant::now(), REPEAT_EVERY)
+        {
+            Some(quiet) => {
+                tracing::warn!(target: "librdkafka", %error, since_last_logged = quiet, "{reason}");
+            }
+            None => tracing::debug!(target: "librdkafka", %error, "{reason}"),
+        }
         if let Some(last) = &self.last_error {
             let said = if reason.contains(&error.to_string()) {
                 reason.to_owned()
@@ -152,6 +198,12 @@ impl ClientContext for TrackingContext {
         self.base.log(level, facility, message);
     }
 
+    /// As the base context's (without it, rdkafka's default logs every event at ERROR:
+    /// six lines a second while a broker is away).
+    fn error(&self, error: KafkaError, reason: &str) {
+        self.base.error(error, reason);
+    }
+
     fn generate_oauth_token(
         &self,
         oauthbearer_config: Option<&str>,
@@ -179,6 +231,50 @@ impl ConsumerContext for TrackingContext {
             list.elements()
                 .into_iter()
                 .map(|e| (e.topic().to_owned(), e.partition())),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_repeating_error_is_loud_once_a_minute_with_how_many_were_quiet() {
+        let repeats = Repeats::default();
+        let start = Instant::now();
+        let at = |secs| start + Duration::from_secs(secs);
+        assert_eq!(repeats.note("AllBrokersDown", at(0), REPEAT_EVERY), Some(0));
+        assert_eq!(repeats.note("AllBrokersDown", at(1), REPEAT_EVERY), None);
+        assert_eq!(repeats.note("AllBrokersDown", at(2), REPEAT_EVERY), None);
+        assert_eq!(
+            repeats.note("BrokerTransportFailure", at(2), REPEAT_EVERY),
+            Some(0),
+            "another kind is news"
+        );
+        assert_eq!(
+            repeats.note("AllBrokersDown", at(60), REPEAT_EVERY),
+            Some(2),
+            "a minute on: loud again, with the two left quiet"
+        );
+        assert_eq!(repeats.note("AllBrokersDown", at(61), REPEAT_EVERY), None);
+    }
+
+    #[test]
+    fn the_consumer_context_reports_errors_through_the_shared_throttle() {
+        let base = KafkaContext::default();
+        let consumer = TrackingContext {
+            moves: Arc::default(),
+            base: base.clone(),
+        };
+        let down = || KafkaError::Global(rdkafka::types::RDKafkaErrorCode::AllBrokersDown);
+        base.error(down(), "1/1 brokers are down");
+        consumer.error(down(), "1/1 brokers are down");
+        let said = base.repeats.0.lock().unwrap();
+        assert_eq!(
+            said.get(&down().to_string()).map(|(_, quiet)| *quiet),
+            Some(1),
+            "the consumer's event went through the base context, quietly"
         );
     }
 }
