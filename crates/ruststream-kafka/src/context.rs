@@ -65,7 +65,9 @@ pub struct KafkaContext {
 
 /// While a broker is away, librdkafka reports the same error event every second or so
 /// per client (`AllBrokersDown`, a refused connect): each kind of error is said at WARN
-/// at most once a minute, with how many were said only at DEBUG since.
+/// at most once a minute, with how many were said only at DEBUG since. A kind is the
+/// event's `KafkaError` text, which rdkafka makes from the error code alone
+/// (`KafkaError::Global`), so the map holds at most one entry per librdkafka error code.
 #[derive(Debug, Default)]
 struct Repeats(Mutex<HashMap<String, (Instant, u64)>>);
 
