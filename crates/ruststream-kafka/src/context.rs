@@ -6,10 +6,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use rdkafka::ClientContext;
+use rdkafka::TopicPartitionList;
 use rdkafka::client::OAuthToken;
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::consumer::{BaseConsumer, ConsumerContext, Rebalance};
-use rdkafka::error::KafkaError;
+use rdkafka::error::{KafkaError, KafkaResult};
 
 use crate::security::OAuthBearer;
 
@@ -187,17 +188,47 @@ impl ClientContext for KafkaContext {
 /// librdkafka's defaults.
 impl ConsumerContext for KafkaContext {}
 
-/// The consumer context: records partition moves.
+/// The consumer context: records partition moves, and counts the events a poll serves
+/// (see [`served`](Self::served)).
 pub(crate) struct TrackingContext {
     pub(crate) moves: std::sync::Arc<Moves>,
     pub(crate) base: KafkaContext,
+    served: AtomicU64,
+}
+
+impl TrackingContext {
+    pub(crate) fn new(moves: Arc<Moves>, base: KafkaContext) -> Self {
+        Self {
+            moves,
+            base,
+            served: AtomicU64::new(0),
+        }
+    }
+
+    /// How many events polls served through this context (a rebalance, a commit's
+    /// result, statistics, a log line, a token refresh): a poll that answers nothing
+    /// while this moved served one, and the queue may hold records behind it.
+    #[inline]
+    pub(crate) fn served(&self) -> u64 {
+        self.served.load(Ordering::Relaxed)
+    }
+
+    fn serving(&self) {
+        self.served.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 impl ClientContext for TrackingContext {
     const ENABLE_REFRESH_OAUTH_TOKEN: bool = true;
 
     fn log(&self, level: RDKafkaLogLevel, facility: &str, message: &str) {
+        self.serving();
         self.base.log(level, facility, message);
+    }
+
+    fn stats_raw(&self, statistics: &[u8]) {
+        self.serving();
+        self.base.stats_raw(statistics);
     }
 
     /// As the base context's (without it, rdkafka's default logs every event at ERROR:
@@ -210,12 +241,18 @@ impl ClientContext for TrackingContext {
         &self,
         oauthbearer_config: Option<&str>,
     ) -> Result<OAuthToken, Box<dyn std::error::Error>> {
+        self.serving();
         self.base.generate_oauth_token(oauthbearer_config)
     }
 }
 
 impl ConsumerContext for TrackingContext {
+    fn commit_callback(&self, _result: KafkaResult<()>, _offsets: &TopicPartitionList) {
+        self.serving();
+    }
+
     fn pre_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        self.serving();
         let list = match rebalance {
             Rebalance::Assign(list) | Rebalance::Revoke(list) => list,
             Rebalance::Error(e) => {
@@ -265,10 +302,7 @@ mod tests {
     #[test]
     fn the_consumer_context_reports_errors_through_the_shared_throttle() {
         let base = KafkaContext::default();
-        let consumer = TrackingContext {
-            moves: Arc::default(),
-            base: base.clone(),
-        };
+        let consumer = TrackingContext::new(Arc::default(), base.clone());
         let down = || KafkaError::Global(rdkafka::types::RDKafkaErrorCode::AllBrokersDown);
         base.error(down(), "1/1 brokers are down");
         consumer.error(down(), "1/1 brokers are down");

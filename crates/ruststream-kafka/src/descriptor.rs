@@ -5,13 +5,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
-use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::consumer::Consumer;
 use rdkafka::{Offset, TopicPartitionList};
 use ruststream_core::{Capabilities, Declaration, Descriptor, Publish, StartAt, SubscribeError};
 
 use crate::Kafka;
 use crate::config::{Commit, Mode, Settings};
-use crate::context::{KafkaContext, Moves, TrackingContext};
+use crate::context::{KafkaContext, TrackingContext};
 use crate::subscription::KafkaSubscription;
 use crate::window::Window;
 
@@ -278,14 +278,9 @@ impl Source {
         };
         self.reachable().await?;
         let fail = |e: rdkafka::error::KafkaError| SubscribeError::new(&self.address, e);
-        let moves = Arc::new(Moves::default());
-        let consumer: StreamConsumer<TrackingContext> = self
-            .client_config()
-            .create_with_context(TrackingContext {
-                moves: Arc::clone(&moves),
-                base: self.kafka.context(),
-            })
-            .map_err(fail)?;
+        let context = TrackingContext::new(Arc::default(), self.kafka.context());
+        let (consumer, wakeup) =
+            crate::queue::consumer(&self.client_config(), context).map_err(fail)?;
         match &self.selection {
             Selection::Topic(topic) => consumer.subscribe(&[topic]).map_err(fail)?,
             Selection::Topics(topics) => {
@@ -303,7 +298,7 @@ impl Source {
         }
         Ok(KafkaSubscription::new(
             consumer,
-            moves,
+            wakeup,
             self.commit.mode(),
             // A name beginning with `^` is a pattern librdkafka matches against many.
             match &self.selection {

@@ -2,13 +2,13 @@
 
 use std::time::Duration;
 
-use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use ruststream_core::Backlog;
 
 use crate::context::TrackingContext;
 
 /// How far the group is behind on each partition assigned to `consumer` (blocking).
-pub(crate) fn lag(consumer: &StreamConsumer<TrackingContext>) -> Result<Vec<Backlog>, String> {
+pub(crate) fn lag(consumer: &BaseConsumer<TrackingContext>) -> Result<Vec<Backlog>, String> {
     const ASK: Duration = Duration::from_secs(2);
     let assignment = consumer.assignment().map_err(|e| e.to_string())?;
     let committed = consumer

@@ -89,6 +89,7 @@ mod eos;
 mod lag;
 mod letters;
 mod publish;
+mod queue;
 mod receipt;
 mod security;
 pub mod subscription;

@@ -1,16 +1,14 @@
 //! An open Kafka subscription: records in, positions stored (Tracked).
 
 use std::collections::VecDeque;
-use std::future::Future;
 use std::ops::ControlFlow;
-use std::pin::pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
+use std::task::Poll;
 use std::time::Duration;
 
 use bytes::Bytes;
 use rdkafka::TopicPartitionList;
-use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::KafkaResult;
 use rdkafka::message::{BorrowedMessage, Headers as _, Message};
 use ruststream_core::{
@@ -22,11 +20,10 @@ use yoke::Yoke;
 use crate::book::Book;
 use crate::close::off_runtime;
 use crate::config::Mode;
-use crate::context::{Moves, TrackingContext};
+use crate::context::TrackingContext;
+use crate::queue::{self, Consumer_, Wakeup};
 pub use crate::receipt::KafkaReceipt;
 use crate::window::{Tick, Window};
-
-type Consumer_ = Arc<StreamConsumer<TrackingContext>>;
 
 /// Records a subscription holds that were polled at `max_in_flight` (from partitions not
 /// paused yet) before it stops polling: a pause that does not hold cannot grow memory.
@@ -88,15 +85,13 @@ enum NotNow {
     Failed(rdkafka::error::KafkaError),
 }
 
-/// The next record in the client's queue, if one is there now (no waiting). That `recv`
-/// hands a queued record out in its first poll is pinned by `tests/client_assumptions.rs`.
+/// The next record in the client's queue, if one is there now (no waiting).
 #[inline]
-fn record_now(consumer: &StreamConsumer<TrackingContext>) -> Result<Borrowed<'_>, NotNow> {
-    let mut recv = pin!(consumer.recv());
-    match recv.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
-        Poll::Ready(Ok(message)) => Ok(Borrowed(message)),
-        Poll::Ready(Err(e)) => Err(NotNow::Failed(e)),
-        Poll::Pending => Err(NotNow::Empty),
+fn record_now(consumer: &BaseConsumer<TrackingContext>) -> Result<Borrowed<'_>, NotNow> {
+    match queue::poll_now(consumer) {
+        Some(Ok(message)) => Ok(Borrowed(message)),
+        Some(Err(e)) => Err(NotNow::Failed(e)),
+        None => Err(NotNow::Empty),
     }
 }
 
@@ -113,6 +108,7 @@ enum Polled<'c> {
 /// An open subscription. Only its driver task uses it.
 pub struct KafkaSubscription {
     consumer: Option<Consumer_>,
+    wakeup: Wakeup,
     book: Book,
     commit: Mode,
     topics: AddressNames,
@@ -141,8 +137,8 @@ impl std::fmt::Debug for KafkaSubscription {
 
 impl KafkaSubscription {
     pub(crate) fn new(
-        consumer: StreamConsumer<TrackingContext>,
-        moves: Arc<Moves>,
+        consumer: Consumer_,
+        wakeup: Wakeup,
         commit: Mode,
         only_topic: Option<&str>,
         address: &str,
@@ -150,8 +146,9 @@ impl KafkaSubscription {
         window: Option<Window>,
     ) -> Self {
         Self {
-            consumer: Some(Arc::new(consumer)),
-            book: Book::new(moves),
+            book: Book::new(Arc::clone(&consumer.context().moves)),
+            consumer: Some(consumer),
+            wakeup,
             commit,
             topics: AddressNames::default(),
             only_topic: only_topic.map(Arc::from),
@@ -232,12 +229,17 @@ impl KafkaSubscription {
             },
             None => None,
         };
-        let result = match due {
-            None => consumer.recv().await,
-            Some(due) => tokio::select! {
-                result = consumer.recv() => result,
-                () = tokio::time::sleep_until(due) => return Polled::Due,
-            },
+        let result = loop {
+            if let Some(result) = queue::poll_now(consumer) {
+                break result;
+            }
+            match due {
+                None => self.wakeup.ready().await,
+                Some(due) => tokio::select! {
+                    () = self.wakeup.ready() => {}
+                    () = tokio::time::sleep_until(due) => return Polled::Due,
+                },
+            }
         };
         self.book.forget_moved_partitions();
         Polled::Record(result)

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::consumer::Consumer;
 use rdkafka::producer::{FutureProducer, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 use ruststream_core::{Settle, SubscribeError};
@@ -14,11 +14,10 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::close::off_runtime;
-use crate::context::{KafkaContext, Moves, TrackingContext};
+use crate::context::{KafkaContext, Moves};
 use crate::eos::{EosPipeline, Pipeline, TRANSACTION_TIMEOUT, WindowOffsets, fenced};
+use crate::queue::Consumer_;
 use crate::receipt::KafkaReceipt;
-
-type Consumer_ = Arc<StreamConsumer<TrackingContext>>;
 
 /// How a close ended, as the closing thread reports it.
 enum Closed {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{
-    Script, assert_waited, brokers, create_topic, eventually, forward_later, handler, kafka,
+    Script, assert_waited, brokers, create_topic, eventually, forward_later, handler, kafka, logs,
     produce, topic, unique,
 };
 use ruststream::StartAt;
@@ -134,6 +134,60 @@ async fn g5_at_max_in_flight_the_partitions_pause_and_the_group_is_kept() {
         (first, second),
         (records, records),
         "each original read once, each copy once: the group never lost its member"
+    );
+}
+
+/// A subscription with nothing to read waits without polling the client, and polls anyway
+/// at least every half of `max.poll.interval.ms`: librdkafka would otherwise take it for a
+/// wedged consumer, leave the group, and read from the committed offset again on rejoining.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_subscription_keeps_its_group_past_max_poll_interval() {
+    let kafka = kafka().await;
+    let (t, group) = (unique("idle"), unique("g"));
+    create_topic(&t, 1).await;
+    produce(&kafka, &t, None, b"first", &Headers::new()).await;
+    let script = Script::new(|_| HandlerOutcome::ack());
+    // librdkafka's default commit interval (5 s): no commit result wakes the subscription
+    // meanwhile, as it has nothing new to commit.
+    let subscription = kafka
+        .topic(&t)
+        .group(&group)
+        .commit(Commit::Tracked)
+        .set("session.timeout.ms", "6000")
+        .set("heartbeat.interval.ms", "500")
+        .set("max.poll.interval.ms", "6000");
+    let app = App::new()
+        .register(on(subscription, handler(Arc::clone(&script))))
+        .start()
+        .await
+        .expect("start");
+    eventually(Duration::from_secs(30), "the first record", || {
+        script.count() == 1
+    })
+    .await;
+    // Nothing to read for more than twice max.poll.interval.ms.
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    produce(&kafka, &t, None, b"second", &Headers::new()).await;
+    eventually(Duration::from_secs(30), "the second record", || {
+        script.count() == 2
+    })
+    .await;
+    // Read before the stop, whose unsubscribe revokes the partition.
+    let logs = logs();
+    app.stop().await;
+    assert!(
+        !logs.contains("maximum poll interval"),
+        "librdkafka saw no poll for max.poll.interval.ms:\n{logs}"
+    );
+    assert!(
+        !logs.contains("partitions revoked"),
+        "the partition stayed assigned"
+    );
+    let payloads: Vec<Vec<u8>> = script.calls().iter().map(|c| c.payload.to_vec()).collect();
+    assert_eq!(
+        payloads,
+        [b"first".to_vec(), b"second".to_vec()],
+        "each read once"
     );
 }
 
