@@ -133,12 +133,7 @@ impl Book {
         self.forget_moved_partitions();
         let state = self.partitions.get_mut(receipt.slot)?;
         if state.generation != receipt.generation {
-            tracing::debug!(
-                topic = &*state.topic,
-                partition = receipt.partition,
-                offset = receipt.offset,
-                "settled after its partition moved: nothing stored (K5)"
-            );
+            settled_after_move(&state.topic, receipt);
             return None;
         }
         state.tracker.settled(receipt.offset)
@@ -195,6 +190,16 @@ impl Book {
             .find(|s| &*s.topic == topic && s.partition == partition)
             .and_then(|s| s.tracker.stored())
     }
+}
+
+#[cold]
+fn settled_after_move(topic: &str, receipt: &KafkaReceipt) {
+    tracing::debug!(
+        topic,
+        partition = receipt.partition,
+        offset = receipt.offset,
+        "settled after its partition moved: nothing stored (K5)"
+    );
 }
 
 #[cfg(test)]

@@ -130,7 +130,7 @@ fn read(consumer: &BaseConsumer<KafkaContext>, limit: usize) -> Result<Vec<Lette
                 letters.push(Letter {
                     id: format!("{}@{}", record.partition(), record.offset()),
                     key: record.key().map(bytes::Bytes::copy_from_slice),
-                    headers: crate::subscription::headers_of(&record),
+                    headers: crate::queue::headers_of(&record),
                     payload: bytes::Bytes::copy_from_slice(record.payload().unwrap_or_default()),
                 });
             }

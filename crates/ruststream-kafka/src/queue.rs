@@ -1,4 +1,5 @@
-//! The subscription's consumer and how its driver waits for records.
+//! The subscription's consumer, how its driver waits for records, and the records it
+//! hands out (kept whole beside a handle on the consumer).
 //!
 //! The consumer is librdkafka's `BaseConsumer`, polled without waiting. rdkafka's
 //! `StreamConsumer` would wait for us, but its `recv()` registers a waker under a mutex
@@ -24,12 +25,15 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaResult;
-use rdkafka::message::BorrowedMessage;
+use rdkafka::message::{BorrowedMessage, Headers as _, Message};
+use ruststream_core::{HeaderSource, Headers};
 use tokio::sync::Notify;
 use tokio::time::{Instant, Sleep};
+use yoke::Yoke;
 
 use crate::context::TrackingContext;
 
@@ -99,5 +103,71 @@ impl Wakeup {
                 self.keepalive.as_mut().reset(next);
             }
         }
+    }
+}
+
+/// A record borrowed from its consumer, in a form [`Yoke`] can keep beside (a handle on)
+/// that consumer.
+#[derive(yoke::Yokeable)]
+pub(crate) struct Borrowed<'c>(BorrowedMessage<'c>);
+
+/// A record kept with (a handle on) the consumer it borrows, so it can outlive the poll
+/// that gave it: its headers are read from it only if someone asks for them (librdkafka
+/// parses a record's header section on first access, allocating a buffer even for none:
+/// most records' handlers never ask), and its payload is decoded in place (copied only if
+/// someone asks for the bytes). A delivery holds it until its handler is done; the runtime
+/// then lets go of it, so no more records (and the fetch buffers they share) are held than
+/// deliveries run. The record and the handle sit side by side (no box of their own): the
+/// delivery keeps them in the box it reuses for every record.
+pub(crate) struct Record(pub(crate) Yoke<Borrowed<'static>, Consumer_>);
+
+impl Record {
+    pub(crate) fn message(&self) -> &BorrowedMessage<'_> {
+        &self.0.get().0
+    }
+}
+
+impl HeaderSource for Record {
+    fn read(&self) -> Headers {
+        headers_of(self.message())
+    }
+
+    /// Decoded in place, copied only if someone asks for the `Bytes`.
+    fn payload(&self) -> Option<&[u8]> {
+        Some(self.message().payload().unwrap_or_default())
+    }
+}
+
+/// A record's headers, copied out of the client's message.
+pub(crate) fn headers_of(message: &BorrowedMessage<'_>) -> Headers {
+    message
+        .headers()
+        .map(|h| {
+            h.iter()
+                .map(|header| {
+                    (
+                        header.key,
+                        Bytes::copy_from_slice(header.value.unwrap_or_default()),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Why the consumer gave no record at once.
+pub(crate) enum NotNow {
+    /// Nothing in the client's queue (or it served an event instead): wait for one.
+    Empty,
+    Failed(rdkafka::error::KafkaError),
+}
+
+/// The next record in the client's queue, if one is there now (no waiting).
+#[inline]
+pub(crate) fn record_now(consumer: &BaseConsumer<TrackingContext>) -> Result<Borrowed<'_>, NotNow> {
+    match poll_now(consumer) {
+        Some(Ok(message)) => Ok(Borrowed(message)),
+        Some(Err(e)) => Err(NotNow::Failed(e)),
+        None => Err(NotNow::Empty),
     }
 }

@@ -8,92 +8,25 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use rdkafka::TopicPartitionList;
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::consumer::{CommitMode, Consumer};
 use rdkafka::error::KafkaResult;
-use rdkafka::message::{BorrowedMessage, Headers as _, Message};
+use rdkafka::message::{BorrowedMessage, Message};
 use ruststream_core::{
-    AckError, AddressNames, Attempt, BacklogProbe, Cause, Delivery, HeaderSource, Headers,
-    LinkProbe, Metadata, Settle, SubscribeError, Subscription,
+    AckError, AddressNames, Attempt, BacklogProbe, Cause, Delivery, LinkProbe, Metadata, Settle,
+    SubscribeError, Subscription,
 };
 use yoke::Yoke;
 
 use crate::book::Book;
 use crate::close::off_runtime;
 use crate::config::Mode;
-use crate::context::TrackingContext;
-use crate::queue::{self, Consumer_, Wakeup};
+use crate::queue::{self, Borrowed, Consumer_, NotNow, Record, Wakeup, headers_of, record_now};
 pub use crate::receipt::KafkaReceipt;
 use crate::window::{Tick, Window};
 
 /// Records a subscription holds that were polled at `max_in_flight` (from partitions not
 /// paused yet) before it stops polling: a pause that does not hold cannot grow memory.
 const EARLY_LIMIT: usize = 64;
-
-/// A record borrowed from its consumer, in a form [`Yoke`] can keep beside (a handle on)
-/// that consumer.
-#[derive(yoke::Yokeable)]
-struct Borrowed<'c>(BorrowedMessage<'c>);
-
-/// A record kept with (a handle on) the consumer it borrows, so it can outlive the poll
-/// that gave it: its headers are read from it only if someone asks for them (librdkafka
-/// parses a record's header section on first access, allocating a buffer even for none:
-/// most records' handlers never ask), and its payload is decoded in place (copied only if
-/// someone asks for the bytes). A delivery holds it until its handler is done; the runtime
-/// then lets go of it, so no more records (and the fetch buffers they share) are held than
-/// deliveries run. The record and the handle sit side by side (no box of their own): the
-/// delivery keeps them in the box it reuses for every record.
-struct Record(Yoke<Borrowed<'static>, Consumer_>);
-
-impl Record {
-    fn message(&self) -> &BorrowedMessage<'_> {
-        &self.0.get().0
-    }
-}
-
-impl HeaderSource for Record {
-    fn read(&self) -> Headers {
-        headers_of(self.message())
-    }
-
-    /// Decoded in place, copied only if someone asks for the `Bytes`.
-    fn payload(&self) -> Option<&[u8]> {
-        Some(self.message().payload().unwrap_or_default())
-    }
-}
-
-/// A record's headers, copied out of the client's message.
-pub(crate) fn headers_of(message: &BorrowedMessage<'_>) -> Headers {
-    message
-        .headers()
-        .map(|h| {
-            h.iter()
-                .map(|header| {
-                    (
-                        header.key,
-                        Bytes::copy_from_slice(header.value.unwrap_or_default()),
-                    )
-                })
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// Why the consumer gave no record at once.
-enum NotNow {
-    /// Nothing in the client's queue (or it served an event instead): wait for one.
-    Empty,
-    Failed(rdkafka::error::KafkaError),
-}
-
-/// The next record in the client's queue, if one is there now (no waiting).
-#[inline]
-fn record_now(consumer: &BaseConsumer<TrackingContext>) -> Result<Borrowed<'_>, NotNow> {
-    match queue::poll_now(consumer) {
-        Some(Ok(message)) => Ok(Borrowed(message)),
-        Some(Err(e)) => Err(NotNow::Failed(e)),
-        None => Err(NotNow::Empty),
-    }
-}
 
 /// What one poll of the consumer gave.
 enum Polled<'c> {
@@ -284,17 +217,44 @@ impl KafkaSubscription {
         slot: &mut Delivery,
         copy_payload: bool,
     ) -> KafkaReceipt {
-        if self.commit == Mode::Auto
-            && let Err(e) = consumer.store_offset_from_message(message)
-        {
-            // As librdkafka's own automatic store would, at hand-over (K2).
-            tracing::warn!(address = &*self.address, error = %e, "storing the offset at hand-over failed");
+        if self.commit == Mode::Auto {
+            self.store_at_hand_over(consumer, message);
         }
         let receipt = self.delivery(message, slot, copy_payload);
-        if let Some(window) = &mut self.window {
-            window.handed_out(self.book.topic(&receipt), &receipt);
+        if self.window.is_some() {
+            self.window_handed_out(&receipt);
         }
         receipt
+    }
+
+    /// `Commit::Auto`: the offset stored at hand-over, as librdkafka's own automatic
+    /// store would (K2). Out of line, like the window's part below: the code every record
+    /// runs through stays small.
+    #[inline(never)]
+    fn store_at_hand_over(&self, consumer: &Consumer_, message: &BorrowedMessage<'_>) {
+        if let Err(e) = consumer.store_offset_from_message(message) {
+            tracing::warn!(address = &*self.address, error = %e, "storing the offset at hand-over failed");
+        }
+    }
+
+    #[inline(never)]
+    fn window_handed_out(&mut self, receipt: &KafkaReceipt) {
+        if let Some(window) = &mut self.window {
+            window.handed_out(self.book.topic(receipt), receipt);
+        }
+    }
+
+    /// A record held early, written into `slot`.
+    #[cold]
+    fn hand_out_early(&mut self, slot: &mut Delivery) -> Option<KafkaReceipt> {
+        let (delivery, receipt) = self.early.pop_front()?;
+        *slot = delivery;
+        Some(receipt)
+    }
+
+    #[cold]
+    fn failed(&self, e: rdkafka::error::KafkaError) -> SubscribeError {
+        SubscribeError::new(&*self.address, e)
     }
 
     /// Keeps a record polled at the bound to hand out first: its headers read now rather
@@ -349,18 +309,44 @@ impl KafkaSubscription {
     /// Resumes every partition paused at the bound.
     #[inline]
     fn resume(&mut self, consumer: &Consumer_) {
-        if self.paused.count() == 0 {
-            return;
+        if self.paused.count() != 0 {
+            self.resume_paused(consumer);
         }
+    }
+
+    #[cold]
+    fn resume_paused(&mut self, consumer: &Consumer_) {
         let paused = std::mem::replace(&mut self.paused, TopicPartitionList::new());
         if let Err(e) = consumer.resume(&paused) {
             tracing::warn!(address = &*self.address, error = %e, "resuming partitions paused at max_in_flight failed");
         }
     }
 
-    /// Performs one settlement (none waits for the cluster).
+    /// Performs one settlement (none waits for the cluster). The common case, a `Tracked`
+    /// ack or drop, is the early branch; the others are out of line, so the code a record
+    /// runs through stays small (instruction cache: see BENCHMARKS.md).
     #[inline]
     fn settle_at_once(&mut self, receipt: &KafkaReceipt, settle: Settle) -> Result<(), AckError> {
+        if self.commit == Mode::Tracked && matches!(settle, Settle::Ack | Settle::Drop) {
+            // Nothing to store when the position did not move, or when the delivery
+            // was read before its partition moved: the partition's next reader
+            // starts from the committed offset anyway (K5). The group resumes from
+            // the record after the position, stored before the next poll (a
+            // batch's settlements store once per partition).
+            if let Some(position) = self.book.settled(receipt) {
+                self.book.store_later(receipt, position + 1);
+            }
+            return Ok(());
+        }
+        self.settle_otherwise(receipt, settle)
+    }
+
+    /// [`settle_at_once`](Self::settle_at_once) for every case but a `Tracked` ack or drop.
+    #[inline(never)]
+    fn settle_otherwise(&mut self, receipt: &KafkaReceipt, settle: Settle) -> Result<(), AckError> {
+        debug_assert!(
+            self.commit != Mode::Tracked || !matches!(settle, Settle::Ack | Settle::Drop)
+        );
         match (self.commit, settle) {
             (Mode::Auto, Settle::Redeliver) => self.rewind(receipt),
             (Mode::Auto, _) => Ok(()),
@@ -375,17 +361,6 @@ impl KafkaSubscription {
                 Ok(())
             }
             (Mode::Tracked, Settle::Nothing) => Ok(()),
-            (Mode::Tracked, Settle::Ack | Settle::Drop) => {
-                // Nothing to store when the position did not move, or when the delivery
-                // was read before its partition moved: the partition's next reader
-                // starts from the committed offset anyway (K5). The group resumes from
-                // the record after the position, stored before the next poll (a
-                // batch's settlements store once per partition).
-                if let Some(position) = self.book.settled(receipt) {
-                    self.book.store_later(receipt, position + 1);
-                }
-                Ok(())
-            }
             (Mode::Tracked, other) => Err(AckError::failed(format!(
                 "{other:?} has no meaning on Kafka"
             ))),
@@ -483,9 +458,8 @@ impl Subscription for KafkaSubscription {
         };
         let consumer = Arc::clone(consumer);
         self.store_settled();
-        if let Some((delivery, receipt)) = self.early.pop_front() {
-            *slot = delivery;
-            return Poll::Ready(Some(Ok(receipt)));
+        if !self.early.is_empty() {
+            return Poll::Ready(self.hand_out_early(slot).map(Ok));
         }
         self.resume(&consumer);
         if self.window.is_some() {
@@ -500,9 +474,7 @@ impl Subscription for KafkaSubscription {
                 self.book.forget_moved_partitions();
                 Poll::Ready(Some(Ok(self.held_over(record, slot))))
             }
-            Err(NotNow::Failed(e)) => {
-                Poll::Ready(Some(Err(SubscribeError::new(&*self.address, e))))
-            }
+            Err(NotNow::Failed(e)) => Poll::Ready(Some(Err(self.failed(e)))),
             Err(NotNow::Empty) => Poll::Pending,
         }
     }

@@ -8,6 +8,7 @@ use std::task::Poll;
 use super::copy;
 use super::lanes::Finished;
 use super::mount::Handled;
+use super::outlined::Outlined;
 use super::quiet::{is_loud, is_power_of_ten};
 use super::shared::{DelayedCopy, Fate, Shared};
 use super::unwind::{CatchUnwind, Caught, Report};
@@ -30,7 +31,7 @@ pub(crate) async fn handle<S: Service>(
     mut incoming: Box<Incoming>,
 ) -> Finished {
     if copy::owes_dead_letter(shared, incoming.delivery()) {
-        let settle = copy::dead_letter_again(shared, incoming.delivery()).await;
+        let settle = Outlined(pin!(copy::dead_letter_again(shared, incoming.delivery()))).await;
         return (Fate::Settle(settle), Some(incoming));
     }
     let mut reruns = 0;
@@ -54,12 +55,15 @@ pub(crate) async fn handle<S: Service>(
         if let Some(settle) = settled_as_planned(shared, incoming.delivery(), &completion) {
             return (Fate::Settle(settle), Some(incoming));
         }
-        match conclude(shared, incoming, completion, report, called, false).await {
+        let concluded = pin!(conclude(
+            shared, incoming, completion, report, called, false
+        ));
+        match Outlined(concluded).await {
             Concluded::Finished(finished) => return finished,
             Concluded::Rerun(again) => {
                 reruns += 1;
                 incoming = again;
-                if !rerun_after_floor(shared, reruns).await {
+                if !Outlined(pin!(rerun_after_floor(shared, reruns))).await {
                     // Stopping: left unsettled, the broker brings it back.
                     return (Fate::HandedBack, Some(incoming));
                 }
@@ -82,7 +86,7 @@ pub(crate) async fn within_deadline<S, F: Future>(
     let result = match first {
         Poll::Ready(result) => Ok(result),
         // Dropping the timed-out future cancels the handler.
-        Poll::Pending => tokio::time::timeout(shared.deadline, future).await,
+        Poll::Pending => Outlined(pin!(tokio::time::timeout(shared.deadline, future))).await,
     };
     match result {
         Ok(Ok(output)) => Ok(output),
@@ -345,6 +349,7 @@ fn with_backoff<S>(
 
 /// A settlement the broker has no operation for: counted, and logged quietly where the
 /// spec designs it so (Core NATS acks and drops, the original of a copy that went out).
+#[cold]
 fn report_unsupported<S>(
     shared: &Shared<S>,
     delivery: &Delivery,

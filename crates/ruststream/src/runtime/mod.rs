@@ -7,6 +7,7 @@ mod driver;
 mod lane;
 mod lanes;
 pub(crate) mod mount;
+mod outlined;
 mod quiet;
 mod refusals;
 mod shared;

@@ -242,6 +242,7 @@ fn fetch_room<Sub: Subscription, S>(
 }
 
 /// Fetching paused at `max_in_flight` (G5), or resumed.
+#[cold]
 fn note_bound<S>(shared: &Shared<S>, at_bound: bool) {
     tracing::debug!(
         registration = &*shared.registration,

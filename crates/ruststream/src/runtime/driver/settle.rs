@@ -194,12 +194,18 @@ fn settled<S>(
         Ok(()) => {
             settle_errors.succeeded();
             if settle == Settle::DeadLetter {
-                copy::dead_lettered(shared, None);
+                dead_lettered(shared);
             }
         }
         Err(error) => settle_failed(settle_errors, shared, settle, &error),
     }
     shared.end();
+}
+
+/// A dead letter moved by the subscription: counted and told.
+#[cold]
+fn dead_lettered<S>(shared: &Shared<S>) {
+    copy::dead_lettered(shared, None);
 }
 
 /// A settlement failed (its delivery comes back as the broker's rules say). During a
