@@ -1,10 +1,10 @@
 //! The subscription's consumer, how its driver waits for records, and the records it
 //! hands out (kept whole beside a handle on the consumer).
 //!
-//! The consumer is librdkafka's `BaseConsumer`, polled without waiting. rdkafka's
+//! The consumer is rdkafka's `BaseConsumer`, polled without waiting. rdkafka's
 //! `StreamConsumer` would wait for us, but its `recv()` registers a waker under a mutex
-//! and unregisters it again for every record, even one already queued: about 150
-//! instructions a record, measured against this module's way. Here the consumer's
+//! and unregisters it again for every record, even one already queued: about 200
+//! instructions a record (callgrind, 5,059 against 4,862 for the whole record path). Here the consumer's
 //! queue calls back when it stops being empty, and that wakes the one task that waits
 //! (the subscription's driver) through a [`Notify`], whose stored permit covers a record
 //! that arrives between an empty poll and the wait.
