@@ -4,15 +4,16 @@
 //! The consumer is rdkafka's `BaseConsumer`, polled without waiting. rdkafka's
 //! `StreamConsumer` would wait for us, but its `recv()` registers a waker under a mutex
 //! and unregisters it again for every record, even one already queued: about 200
-//! instructions a record (callgrind, 5,059 against 4,862 for the whole record path). Here the consumer's
-//! queue calls back when it stops being empty, and that wakes the one task that waits
-//! (the subscription's driver) through a [`Notify`], whose stored permit covers a record
-//! that arrives between an empty poll and the wait.
+//! instructions a record (callgrind, 5,059 against 4,862 for the whole record path).
+//! Here the consumer's queue calls back when it stops being empty, and that wakes the
+//! one task that waits (the subscription's driver) through a [`Notify`], whose stored
+//! permit covers a record that arrives between an empty poll and the wait.
 //!
 //! Two things `StreamConsumer` did are done here too:
 //!
 //! - A poll that serves an event (a rebalance, a commit's result, statistics, a log
-//!   line, a token refresh) answers nothing, like an empty queue, and records may be
+//!   line: rdkafka routes librdkafka's log through the consumer's queue, a token
+//!   refresh) answers nothing, like an empty queue, and records may be
 //!   queued behind the event: the queue is not empty, so no callback comes. Each such
 //!   event reaches the consumer's context, which counts them ([`TrackingContext::served`]):
 //!   a poll that answered nothing while the count moved is made again.
