@@ -84,6 +84,9 @@ pub struct Item<T> {
 #[allow(clippy::vec_box)]
 pub(crate) struct Members(pub(crate) Vec<Box<Incoming>>);
 
+/// The deliveries of a call that did not decode: their places in it, in order, and why.
+pub(crate) type Refused = Vec<(usize, Rejection)>;
+
 impl<T> Item<T> {
     /// The delivery as received.
     pub fn delivery(&self) -> &Delivery {
@@ -328,12 +331,12 @@ impl<H, T, C, Args> BatchService<H, T, C, Args> {
 
 /// What the runtime asks of a batch registration's handler.
 pub(crate) trait CallBatch: Send + Sync + 'static {
-    /// Decodes each of `members` (a refusal for each that does not decode, `None` for
-    /// each that does) and makes the call over those that did; no call when none did.
+    /// Decodes each of `members` (in `refused`, the place and refusal of each that does
+    /// not decode) and makes the call over those that did; no call when none did.
     fn call_batch<'a>(
         &'a self,
         members: &'a Arc<Members>,
-        refused: &mut Vec<Option<Rejection>>,
+        refused: &mut Refused,
     ) -> Option<impl Future<Output = Result<BatchOutcome, Completion>> + Send + use<'a, Self>>;
 }
 
@@ -347,7 +350,7 @@ where
     fn call_batch<'a>(
         &'a self,
         members: &'a Arc<Members>,
-        refused: &mut Vec<Option<Rejection>>,
+        refused: &mut Refused,
     ) -> Option<
         impl Future<Output = Result<BatchOutcome, Completion>> + Send + use<'a, H, T, C, Args>,
     > {
@@ -363,9 +366,8 @@ where
                         members: Arc::clone(members),
                         index,
                     });
-                    refused.push(None);
                 }
-                Err(rejection) => refused.push(Some(rejection)),
+                Err(rejection) => refused.push((index, rejection)),
             }
         }
         let batch = Batch {

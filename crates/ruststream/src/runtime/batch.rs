@@ -10,10 +10,11 @@ use ruststream_core::Cause;
 use super::copy;
 use super::lane::{self, Concluded};
 use super::lanes::Finished;
+use super::outlined::Outlined;
 use super::quiet;
 use super::shared::{Fate, Shared};
 use super::unwind::{CatchUnwind, Report};
-use crate::batch::{BatchOutcome, CallBatch, Members};
+use crate::batch::{BatchOutcome, CallBatch, Members, Refused};
 use crate::extract::{Incoming, Rejection};
 use crate::middleware::{Chain, Completion};
 use crate::ops::Instruments;
@@ -31,20 +32,18 @@ pub(crate) async fn handle_batch<S: CallBatch>(
     members: Vec<Box<Incoming>>,
 ) -> Vec<Finished> {
     let count = members.len();
-    // Each entry is overwritten with its delivery's conclusion below.
     let mut finished: Vec<Finished> = Vec::with_capacity(count);
-    finished.resize_with(count, || (Fate::HandedBack, None));
-    let (mut at, mut todo) = (Vec::with_capacity(count), Vec::with_capacity(count));
-    for (i, incoming) in members.into_iter().enumerate() {
-        if copy::owes_dead_letter(shared, incoming.delivery()) {
-            let settle = copy::dead_letter_again(shared, incoming.delivery()).await;
-            finished[i] = (Fate::Settle(settle), Some(incoming));
-        } else {
-            at.push(i);
-            todo.push(incoming);
-        }
-    }
-    let (mut reruns, mut refused) = (0, Vec::with_capacity(todo.len()));
+    // Where each delivery called sits in the batch: `None` while that is its place in
+    // the call (the common case: none owes a dead letter, none runs again).
+    let (mut at, mut todo) = if members
+        .iter()
+        .any(|m| copy::owes_dead_letter(shared, m.delivery()))
+    {
+        Outlined(pin!(dead_letters_first(shared, members, &mut finished))).await
+    } else {
+        (None, members)
+    };
+    let (mut reruns, mut refused) = (0, Vec::new());
     while !todo.is_empty() {
         let called = shared.metrics.as_ref().map(Instruments::now);
         let members = Arc::new(Members(std::mem::take(&mut todo)));
@@ -56,18 +55,19 @@ pub(crate) async fn handle_batch<S: CallBatch>(
         } else {
             false
         };
-        let ended = Spread::new(result, &mut refused, shared);
+        let ended = Spread::new(result, &mut refused, members.0.len(), shared);
         let (mut again_at, mut again) = (Vec::new(), Vec::new());
-        for ((i, incoming), (completion, report)) in
-            at.drain(..).zip(taken_back(members)).zip(ended)
+        for (k, (incoming, (completion, report))) in
+            taken_back(members).into_iter().zip(ended).enumerate()
         {
+            let i = at.as_ref().map_or(k, |at: &Vec<usize>| at[k]);
             if let Some(settle) = lane::settled_as_planned(shared, incoming.delivery(), &completion)
             {
-                finished[i] = (Fate::Settle(settle), Some(incoming));
+                put(&mut finished, i, (Fate::Settle(settle), Some(incoming)));
                 continue;
             }
             match lane::conclude(shared, incoming, completion, report, called, told).await {
-                Concluded::Finished(done) => finished[i] = done,
+                Concluded::Finished(done) => put(&mut finished, i, done),
                 Concluded::Rerun(incoming) => {
                     again_at.push(i);
                     again.push(incoming);
@@ -81,16 +81,60 @@ pub(crate) async fn handle_batch<S: CallBatch>(
         if !lane::rerun_after_floor(shared, reruns).await {
             // Stopping: left unsettled, the broker brings them back.
             for (i, incoming) in again_at.into_iter().zip(again) {
-                finished[i] = (Fate::HandedBack, Some(incoming));
+                put(&mut finished, i, (Fate::HandedBack, Some(incoming)));
             }
             break;
         }
         for incoming in &mut again {
             incoming.count_attempt();
         }
-        (at, todo) = (again_at, again);
+        (at, todo) = (Some(again_at), again);
     }
+    debug_assert_eq!(finished.len(), count, "one conclusion per delivery");
     finished
+}
+
+/// Deliveries back past their cap whose dead letter is owed (SPEC G3) go to it without a
+/// call, their conclusions put in `finished`; the others are called, at the places given.
+// The boxes travel back to the lanes for reuse: boxed on purpose.
+#[allow(clippy::vec_box)]
+async fn dead_letters_first<S>(
+    shared: &Shared<S>,
+    members: Vec<Box<Incoming>>,
+    finished: &mut Vec<Finished>,
+) -> (Option<Vec<usize>>, Vec<Box<Incoming>>) {
+    let (mut at, mut todo) = (Vec::with_capacity(members.len()), Vec::new());
+    for (i, incoming) in members.into_iter().enumerate() {
+        if copy::owes_dead_letter(shared, incoming.delivery()) {
+            let settle = copy::dead_letter_again(shared, incoming.delivery()).await;
+            put(finished, i, (Fate::Settle(settle), Some(incoming)));
+        } else {
+            at.push(i);
+            todo.push(incoming);
+        }
+    }
+    (Some(at), todo)
+}
+
+/// Puts delivery `i`'s conclusion in its place: pushed when the ones before it are in
+/// (the common case), else over the place kept for it.
+#[inline]
+fn put(finished: &mut Vec<Finished>, i: usize, done: Finished) {
+    if i == finished.len() {
+        finished.push(done);
+    } else {
+        put_out_of_order(finished, i, done);
+    }
+}
+
+#[cold]
+fn put_out_of_order(finished: &mut Vec<Finished>, i: usize, done: Finished) {
+    if i < finished.len() {
+        finished[i] = done;
+    } else {
+        finished.resize_with(i, || (Fate::HandedBack, None));
+        finished.push(done);
+    }
 }
 
 /// The deliveries of a call back from its items: the same boxes when the handler kept no
@@ -110,7 +154,7 @@ fn taken_back(members: Arc<Members>) -> Vec<Box<Incoming>> {
 async fn call<S: CallBatch>(
     shared: &Shared<S>,
     members: &Arc<Members>,
-    refused: &mut Vec<Option<Rejection>>,
+    refused: &mut Refused,
 ) -> Result<BatchOutcome, Ended> {
     match shared.service.call_batch(members, refused) {
         // Nothing decoded, so no call (never an empty batch): every one is refused, and
@@ -118,7 +162,7 @@ async fn call<S: CallBatch>(
         None => Ok(BatchOutcome::ack_all()),
         Some(call) => {
             if let Some(metrics) = &shared.metrics {
-                metrics.observe_batch(refused.iter().filter(|r| r.is_none()).count());
+                metrics.observe_batch(members.0.len() - refused.len());
             }
             let future = pin!(CatchUnwind(pin!(call)));
             match lane::within_deadline(shared, future).await {
@@ -139,13 +183,18 @@ async fn call<S: CallBatch>(
 fn report_failed_call<S>(
     shared: &Shared<S>,
     members: &Members,
-    refused: &[Option<Rejection>],
+    refused: &Refused,
     failure: &Completion,
     report: Option<Box<Report>>,
 ) {
     let (mut batch, mut first, mut last, mut loud, mut address) = (0, u32::MAX, 0, false, "");
-    let handed = members.0.iter().zip(refused).filter(|(_, r)| r.is_none());
-    for delivery in handed.map(|(incoming, _)| incoming.delivery()) {
+    let mut refused = refused.iter().map(|(at, _)| *at).peekable();
+    let handed = members
+        .0
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| refused.next_if_eq(i).is_none());
+    for delivery in handed.map(|(_, incoming)| incoming.delivery()) {
         let attempt = delivery.attempt().number();
         (batch, first, last) = (batch + 1, first.min(attempt), last.max(attempt));
         loud |= quiet::is_loud(shared, attempt);
@@ -199,7 +248,10 @@ struct Spread<'r> {
     answer: Result<BatchOutcome, Completion>,
     /// The panic's report (its backtrace), given once, with the first delivery.
     report: Option<Box<Report>>,
-    refused: std::vec::Drain<'r, Option<Rejection>>,
+    refused: std::iter::Peekable<std::vec::Drain<'r, (usize, Rejection)>>,
+    /// The next delivery's place in the call, and how many there were.
+    at: usize,
+    count: usize,
     /// The next handed delivery's index in the handler's batch, and how many there were.
     index: usize,
     handed: usize,
@@ -208,10 +260,11 @@ struct Spread<'r> {
 impl<'r> Spread<'r> {
     fn new<S>(
         result: Result<BatchOutcome, Ended>,
-        refused: &'r mut Vec<Option<Rejection>>,
+        refused: &'r mut Refused,
+        count: usize,
         shared: &Shared<S>,
     ) -> Self {
-        let handed = refused.iter().filter(|r| r.is_none()).count();
+        let handed = count - refused.len();
         let mut report = None;
         let answer = result.map_err(|(failure, caught)| {
             report = caught;
@@ -229,7 +282,9 @@ impl<'r> Spread<'r> {
         Self {
             answer,
             report,
-            refused: refused.drain(..),
+            refused: refused.drain(..).peekable(),
+            at: 0,
+            count,
             index: 0,
             handed,
         }
@@ -241,17 +296,22 @@ impl Iterator for Spread<'_> {
 
     #[inline]
     fn next(&mut self) -> Option<Ended> {
-        if let Some(rejection) = self.refused.next()? {
+        if self.at == self.count {
+            return None;
+        }
+        let at = self.at;
+        self.at += 1;
+        if let Some((_, rejection)) = self.refused.next_if(|(i, _)| *i == at) {
             return Some((Completion::Rejected(rejection), None));
         }
-        let at = self.index;
+        let index = self.index;
         self.index += 1;
         Some(match &self.answer {
-            Ok(outcome) => match outcome.get(at) {
+            Ok(outcome) => match outcome.get(index) {
                 Some(given) => (Completion::Outcome(given), None),
                 None => {
                     let missing = format!(
-                        "the batch handler gave no outcome for message {at} of {}",
+                        "the batch handler gave no outcome for message {index} of {}",
                         self.handed
                     );
                     (Completion::Failed(Cause::new(missing)), None)
@@ -259,5 +319,42 @@ impl Iterator for Spread<'_> {
             },
             Err(failure) => (failure.clone(), self.report.take()),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use ruststream_core::Settle;
+
+    use super::*;
+
+    fn settled(finished: &[Finished]) -> Vec<Option<Settle>> {
+        finished
+            .iter()
+            .map(|(fate, _)| match fate {
+                Fate::Settle(settle) => Some(*settle),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn conclusions_land_in_their_places_in_any_order() {
+        let mut finished = Vec::new();
+        // A dead letter owed by the third, then the others as the call concludes them,
+        // the second last (run again in place).
+        put(&mut finished, 2, (Fate::Settle(Settle::DeadLetter), None));
+        put(&mut finished, 0, (Fate::Settle(Settle::Ack), None));
+        put(&mut finished, 3, (Fate::Settle(Settle::Drop), None));
+        put(&mut finished, 1, (Fate::Settle(Settle::Redeliver), None));
+        assert_eq!(
+            settled(&finished),
+            [
+                Some(Settle::Ack),
+                Some(Settle::Redeliver),
+                Some(Settle::DeadLetter),
+                Some(Settle::Drop)
+            ]
+        );
     }
 }

@@ -328,9 +328,14 @@ where
         Poll::Pending
     }
 
+    #[inline(always)]
     fn poll_lane(&mut self, lane: usize, cx: &mut Context<'_>) -> Poll<Done<R>> {
         if let Poll::Ready(done) = self.hand_back() {
             return Poll::Ready(done);
+        }
+        if self.lanes[lane].running.is_none() {
+            // Gathered into the open batch, nothing cut: the common case.
+            return Poll::Pending;
         }
         std::task::ready!(self.poll_batch(lane, cx));
         self.hand_back()

@@ -48,7 +48,8 @@
 //! ([`Batches`](super::batches::Batches), through [`LaneWork`]): a fetched delivery joins
 //! its lane's open batch, a batch runs as one call once cut (`max_batch`, `max_wait`),
 //! and its deliveries come back one at a time, first in a pass, to be settled here like
-//! any other. The straight line fetches on while batches only gather.
+//! any other: within the straight line, one after another, when settling waits for
+//! nothing. The straight line fetches on while batches only gather.
 //!
 //! # Stop ([`stop`])
 //!

@@ -61,15 +61,24 @@ where
         &mut self,
         timers: &mut Timed<Sub::Receipt>,
     ) -> Event<Sub::Receipt> {
-        if let Some(done) = self.set.ready() {
-            return Event::Finished(done);
-        }
         // A delivery the straight line goes on from was settled in its first poll (or
         // gathered into a batch), and nothing in it sets a timer or makes one wait.
         let idle = timers.set.is_empty() && self.pending.is_none();
         let straight = poll_fn(|cx| {
             loop {
                 debug_assert!(!idle || self.pending.is_none());
+                // The rest of a finished batch first, each settled here when that waits
+                // for nothing and no fetched delivery waits for room it could make.
+                if let Some(done) = self.set.ready() {
+                    match if idle {
+                        self.settle_now(done)
+                    } else {
+                        Some(done)
+                    } {
+                        None => continue,
+                        Some(done) => return Poll::Ready(Some(Event::Finished(done))),
+                    }
+                }
                 if !idle
                     || !self.set.straight()
                     || !fetch_room(&self.subscription, self.shared, &mut self.at_bound)
