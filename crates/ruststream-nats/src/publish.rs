@@ -2,6 +2,7 @@
 //! acknowledgement (and `Nats-Msg-Id` deduplication), typed request/reply.
 
 use std::collections::{HashMap, VecDeque};
+use std::ops::Range;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -434,7 +435,9 @@ impl Publish for NatsPublisher {
                 Vec::with_capacity(messages.size_hint().0);
             let mut acks: VecDeque<(usize, Arc<str>, PublishAckFuture, Instant)> =
                 VecDeque::with_capacity(ACK_WINDOW);
-            let mut core: Vec<(usize, Arc<str>)> = Vec::new();
+            // The Core messages handed to the client, as runs of places sent in a row to
+            // one subject: the flush confirms them or fails them all.
+            let mut core: Vec<(Range<usize>, Arc<str>)> = Vec::new();
             // Where the previous message went: a run to one subject asks the routes once
             // (and shares the client's form of the subject).
             let mut last: Option<(Arc<str>, bool)> = None;
@@ -474,7 +477,12 @@ impl Publish for NatsPublisher {
                         let sent = self
                             .send_core(&subject, to.clone(), &message.headers, message.payload)
                             .await;
-                        core.extend(sent.is_ok().then_some((i, subject)));
+                        if sent.is_ok() {
+                            match core.last_mut() {
+                                Some((run, to)) if run.end == i && *to == subject => run.end += 1,
+                                _ => core.push((i..i + 1, subject)),
+                            }
+                        }
                         sent
                     }
                     Err(e) => Err(e),
@@ -487,8 +495,10 @@ impl Publish for NatsPublisher {
             if let Some((_, first)) = core.first()
                 && let Err(e) = self.flushed(first).await
             {
-                for (at, address) in core {
-                    results[at] = Err(PublishError::new(&*address, e.kind(), e.to_string()));
+                for (run, address) in core {
+                    for at in run {
+                        results[at] = Err(PublishError::new(&*address, e.kind(), e.to_string()));
+                    }
                 }
             }
             results
