@@ -356,6 +356,13 @@ fn unanswered_kind(e: &GetStreamByNameError) -> PublishErrorKind {
 /// message was sent (at most a tenth more): the client's own timeout counts from the
 /// await, so acknowledgements awaited one after another (a server that stopped
 /// answering) would each wait it in full.
+/// Whether two addresses are the same: most often the same `Arc` (messages sent to one
+/// place share one), compared by pointer before by content.
+#[inline]
+fn same(a: &Arc<str>, b: &Arc<str>) -> bool {
+    Arc::ptr_eq(a, b) || a == b
+}
+
 async fn stored_by(
     subject: &str,
     ack: PublishAckFuture,
@@ -447,10 +454,15 @@ impl Publish for NatsPublisher {
             let mut to: Option<Subject> = None;
             for message in messages {
                 let i = results.len();
-                let subject = Arc::clone(&message.address);
+                let Outgoing {
+                    address: subject,
+                    payload,
+                    headers,
+                    extras,
+                    ..
+                } = message;
                 let route = match &last {
-                    // The same address (an `Arc`'s equality looks at the pointer first).
-                    Some((previous, in_stream)) if *previous == subject => Ok(*in_stream),
+                    Some((previous, in_stream)) if same(previous, &subject) => Ok(*in_stream),
                     _ => {
                         to = None;
                         let route = self.route_in(&subject, &mut unanswered).await;
@@ -467,19 +479,21 @@ impl Publish for NatsPublisher {
                         {
                             results[at] = stored_by(&address, ack, sent).await.map(drop);
                         }
-                        let id = message.extras.get::<MessageId>().map(|id| id.0.as_str());
-                        self.send_jetstream(&subject, &message.headers, message.payload, id)
+                        let id = extras.get::<MessageId>().map(|id| id.0.as_str());
+                        self.send_jetstream(&subject, &headers, payload, id)
                             .await
                             .map(|ack| acks.push_back((i, subject, ack, Instant::now())))
                     }
                     Ok(false) => {
                         let to = to.get_or_insert_with(|| Subject::from(&*subject));
                         let sent = self
-                            .send_core(&subject, to.clone(), &message.headers, message.payload)
+                            .send_core(&subject, to.clone(), &headers, payload)
                             .await;
                         if sent.is_ok() {
                             match core.last_mut() {
-                                Some((run, to)) if run.end == i && *to == subject => run.end += 1,
+                                Some((run, to)) if run.end == i && same(to, &subject) => {
+                                    run.end += 1;
+                                }
                                 _ => core.push((i..i + 1, subject)),
                             }
                         }
