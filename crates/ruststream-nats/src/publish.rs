@@ -356,6 +356,30 @@ fn unanswered_kind(e: &GetStreamByNameError) -> PublishErrorKind {
 /// message was sent (at most a tenth more): the client's own timeout counts from the
 /// await, so acknowledgements awaited one after another (a server that stopped
 /// answering) would each wait it in full.
+/// Core messages handed to the client: runs of places in a `send_all` sent one after
+/// another to one subject, with that subject.
+type CoreRuns = Vec<(Range<usize>, Arc<str>)>;
+
+/// Notes that the message at place `i` went to the client for `subject`: it extends the
+/// last run when it follows it to the same subject.
+#[inline]
+fn handed_to_client(core: &mut CoreRuns, i: usize, subject: Arc<str>) {
+    match core.last_mut() {
+        Some((run, to)) if run.end == i && same(to, &subject) => run.end += 1,
+        _ => core.push((i..i + 1, subject)),
+    }
+}
+
+/// The flush that confirms the Core messages failed: each fails, naming its subject.
+#[cold]
+fn not_flushed(results: &mut [Result<(), PublishError>], core: CoreRuns, e: &PublishError) {
+    for (run, address) in core {
+        for at in run {
+            results[at] = Err(PublishError::new(&*address, e.kind(), e.to_string()));
+        }
+    }
+}
+
 /// Whether two addresses are the same: most often the same `Arc` (messages sent to one
 /// place share one), compared by pointer before by content.
 #[inline]
@@ -444,7 +468,7 @@ impl Publish for NatsPublisher {
                 VecDeque::with_capacity(ACK_WINDOW);
             // The Core messages handed to the client, as runs of places sent in a row to
             // one subject: the flush confirms them or fails them all.
-            let mut core: Vec<(Range<usize>, Arc<str>)> = Vec::new();
+            let mut core = CoreRuns::new();
             // Where the previous message went: a run to one subject asks the routes once
             // (and shares the client's form of the subject).
             let mut last: Option<(Arc<str>, bool)> = None;
@@ -490,12 +514,7 @@ impl Publish for NatsPublisher {
                             .send_core(&subject, to.clone(), &headers, payload)
                             .await;
                         if sent.is_ok() {
-                            match core.last_mut() {
-                                Some((run, to)) if run.end == i && same(to, &subject) => {
-                                    run.end += 1;
-                                }
-                                _ => core.push((i..i + 1, subject)),
-                            }
+                            handed_to_client(&mut core, i, subject);
                         }
                         sent
                     }
@@ -509,13 +528,59 @@ impl Publish for NatsPublisher {
             if let Some((_, first)) = core.first()
                 && let Err(e) = self.flushed(first).await
             {
-                for (run, address) in core {
-                    for at in run {
-                        results[at] = Err(PublishError::new(&*address, e.kind(), e.to_string()));
-                    }
-                }
+                not_flushed(&mut results, core, &e);
             }
             results
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_flush_fails_each_core_message_of_each_run_and_nothing_else() {
+        let (a, b): (Arc<str>, Arc<str>) = (Arc::from("orders"), Arc::from("audit"));
+        let mut core = CoreRuns::new();
+        // Places 0-1 to `orders`, 2 refused before the client, 3 to `orders` again (its
+        // own run: not next to the last), 4-5 to `audit`, 6 to an equal `orders` string.
+        for (i, to) in [(0, &a), (1, &a), (3, &a), (4, &b), (5, &b)] {
+            handed_to_client(&mut core, i, Arc::clone(to));
+        }
+        handed_to_client(&mut core, 6, Arc::from("orders"));
+        assert_eq!(
+            core.iter()
+                .map(|(run, to)| (run.clone(), &**to))
+                .collect::<Vec<_>>(),
+            [
+                (0..2, "orders"),
+                (3..4, "orders"),
+                (4..6, "audit"),
+                (6..7, "orders")
+            ]
+        );
+        let refused = PublishError::new("bad subject", PublishErrorKind::Rejected, "a space");
+        let mut results: Vec<Result<(), PublishError>> = (0..7).map(|_| Ok(())).collect();
+        results[2] = Err(refused.clone());
+        let flush = PublishError::new("orders", PublishErrorKind::Disconnected, "closed");
+        not_flushed(&mut results, core, &flush);
+        let told: Vec<_> = results
+            .iter()
+            .map(|r| r.as_ref().map_err(|e| (e.address().to_owned(), e.kind())))
+            .collect();
+        let failed = |to: &str| Err((to.to_owned(), PublishErrorKind::Disconnected));
+        assert_eq!(
+            told,
+            [
+                failed("orders"),
+                failed("orders"),
+                Err(("bad subject".to_owned(), PublishErrorKind::Rejected)),
+                failed("orders"),
+                failed("audit"),
+                failed("audit"),
+                failed("orders"),
+            ]
+        );
     }
 }
