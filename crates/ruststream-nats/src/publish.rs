@@ -381,7 +381,8 @@ fn not_flushed(results: &mut [Result<(), PublishError>], core: CoreRuns, e: &Pub
 }
 
 /// Whether two addresses are the same: most often the same `Arc` (messages sent to one
-/// place share one), compared by pointer before by content.
+/// place share one), compared by pointer before by content (`Arc<str>`'s own `==`
+/// compares the contents: std's pointer shortcut is for sized types only).
 #[inline]
 fn same(a: &Arc<str>, b: &Arc<str>) -> bool {
     Arc::ptr_eq(a, b) || a == b

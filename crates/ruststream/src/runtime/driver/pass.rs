@@ -70,14 +70,13 @@ where
                 // The rest of a finished batch first, each settled here when that waits
                 // for nothing and no fetched delivery waits for room it could make.
                 if let Some(done) = self.set.ready() {
-                    match if idle {
-                        self.settle_now(done)
-                    } else {
-                        Some(done)
-                    } {
-                        None => continue,
-                        Some(done) => return Poll::Ready(Some(Event::Finished(done))),
+                    if !idle {
+                        return Poll::Ready(Some(Event::Finished(done)));
                     }
+                    if let Some(done) = self.settle_now(done) {
+                        return Poll::Ready(Some(Event::Finished(done)));
+                    }
+                    continue;
                 }
                 if !idle
                     || !self.set.straight()
