@@ -23,10 +23,16 @@ pub(crate) fn from_nats(map: Option<&HeaderMap>) -> Headers {
 
 /// ruststream headers as NATS headers; a name or value NATS cannot carry (not text, a
 /// line break, a `:` in a name) is refused with the header named, never sent mangled.
+#[inline]
 pub(crate) fn to_nats(headers: &Headers, subject: &str) -> Result<Option<HeaderMap>, PublishError> {
     if headers.is_empty() {
         return Ok(None);
     }
+    header_map(headers, subject).map(Some)
+}
+
+#[inline(never)]
+fn header_map(headers: &Headers, subject: &str) -> Result<HeaderMap, PublishError> {
     let refuse = |detail: String| PublishError::new(subject, PublishErrorKind::Rejected, detail);
     let mut map = HeaderMap::new();
     for (name, value) in headers.iter() {
@@ -44,7 +50,7 @@ pub(crate) fn to_nats(headers: &Headers, subject: &str) -> Result<Option<HeaderM
             .map_err(|_| refuse(format!("header `{name}` contains a line break")))?;
         map.append(header, value);
     }
-    Ok(Some(map))
+    Ok(map)
 }
 
 #[cfg(test)]

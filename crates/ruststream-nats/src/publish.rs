@@ -180,22 +180,11 @@ impl NatsPublisher {
         headers: &Headers,
         payload: Bytes,
     ) -> Result<(), PublishError> {
-        let map = to_nats(headers, subject)?;
-        let failed = |e: async_nats::PublishError| {
-            let kind = match e.kind() {
-                async_nats::client::PublishErrorKind::MaxPayloadExceeded => {
-                    PublishErrorKind::TooLarge
-                }
-                async_nats::client::PublishErrorKind::InvalidSubject => PublishErrorKind::Rejected,
-                async_nats::client::PublishErrorKind::Send => PublishErrorKind::Disconnected,
-            };
-            PublishError::new(subject, kind, e)
-        };
-        match map {
+        match to_nats(headers, subject)? {
             Some(map) => self.client.publish_with_headers(to, map, payload).await,
             None => self.client.publish(to, payload).await,
         }
-        .map_err(failed)
+        .map_err(|e| core_failed(subject, e))
     }
 
     /// Waits until what was handed to the client is written to its connection (a flush).
@@ -511,9 +500,15 @@ impl Publish for NatsPublisher {
                     }
                     Ok(false) => {
                         let to = to.get_or_insert_with(|| Subject::from(&*subject));
-                        let sent = self
-                            .send_core(&subject, to.clone(), &headers, payload)
-                            .await;
+                        // Without headers, the client's publish is awaited in place (one
+                        // state machine a message, not two).
+                        let sent = if headers.is_empty() {
+                            let handing = self.client.publish(to.clone(), payload);
+                            handing.await.map_err(|e| core_failed(&subject, e))
+                        } else {
+                            self.send_core(&subject, to.clone(), &headers, payload)
+                                .await
+                        };
                         if sent.is_ok() {
                             handed_to_client(&mut core, i, subject);
                         }
@@ -534,6 +529,17 @@ impl Publish for NatsPublisher {
             results
         })
     }
+}
+
+/// What the client's refusal of a Core message means to a caller.
+#[cold]
+fn core_failed(subject: &str, e: async_nats::PublishError) -> PublishError {
+    let kind = match e.kind() {
+        async_nats::client::PublishErrorKind::MaxPayloadExceeded => PublishErrorKind::TooLarge,
+        async_nats::client::PublishErrorKind::InvalidSubject => PublishErrorKind::Rejected,
+        async_nats::client::PublishErrorKind::Send => PublishErrorKind::Disconnected,
+    };
+    PublishError::new(subject, kind, e)
 }
 
 #[cfg(test)]

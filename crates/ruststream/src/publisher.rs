@@ -74,8 +74,9 @@ impl Publisher {
         &self,
         messages: impl IntoIterator<Item = Outgoing, IntoIter: Send>,
     ) -> Vec<Result<(), PublishError>> {
-        let messages = messages.into_iter().map(|mut message| {
-            crate::trace_context::inject(&mut message.headers);
+        let context = crate::trace_context::Captured::now();
+        let messages = messages.into_iter().map(move |mut message| {
+            context.inject(&mut message.headers);
             message
         });
         self.inner.publish_all(Box::new(messages)).await

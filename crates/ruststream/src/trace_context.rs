@@ -37,14 +37,17 @@ mod otel {
         }
     }
 
-    pub(super) fn inject(headers: &mut Headers) {
+    /// The current span's trace context as the propagator writes it, into a header set
+    /// of its own (empty when there is none).
+    pub(super) fn current() -> Headers {
+        let mut headers = Headers::new();
         let context = tracing::Span::current().context();
-        if !context.span().span_context().is_valid() {
-            return;
+        if context.span().span_context().is_valid() {
+            opentelemetry::global::get_text_map_propagator(|propagator| {
+                propagator.inject_context(&context, &mut Inject(&mut headers));
+            });
         }
-        opentelemetry::global::get_text_map_propagator(|propagator| {
-            propagator.inject_context(&context, &mut Inject(headers));
-        });
+        headers
     }
 
     pub(super) fn adopt(span: &tracing::Span, headers: &Headers) {
@@ -58,15 +61,41 @@ mod otel {
     }
 }
 
-/// Writes the current span's trace context into `headers`, unless they carry one already
-/// (a message passed on keeps its producer's).
-pub(crate) fn inject(headers: &mut Headers) {
-    #[cfg(feature = "opentelemetry")]
-    if headers.get("traceparent").is_none() {
-        otel::inject(headers);
+/// The current span's trace context, taken once and written into the headers of as many
+/// messages as a call sends (`send_all`'s messages share the caller's span): the span and
+/// the propagator are asked once, not once a message.
+#[derive(Debug)]
+pub(crate) struct Captured {
+    /// The headers the propagator wrote; empty without a trace context (or the feature).
+    headers: Headers,
+}
+
+impl Captured {
+    /// The current span's trace context.
+    pub(crate) fn now() -> Self {
+        #[cfg(feature = "opentelemetry")]
+        let headers = otel::current();
+        #[cfg(not(feature = "opentelemetry"))]
+        let headers = Headers::new();
+        Self { headers }
     }
-    #[cfg(not(feature = "opentelemetry"))]
-    let _ = headers;
+
+    /// Writes the trace context into `headers`, unless they carry one already (a message
+    /// passed on keeps its producer's).
+    #[inline]
+    pub(crate) fn inject(&self, headers: &mut Headers) {
+        if self.headers.is_empty() || headers.get("traceparent").is_some() {
+            return;
+        }
+        for (name, value) in self.headers.iter() {
+            headers.insert(name, value.clone());
+        }
+    }
+}
+
+/// Writes the current span's trace context into `headers`, unless they carry one already.
+pub(crate) fn inject(headers: &mut Headers) {
+    Captured::now().inject(headers);
 }
 
 /// Makes `span` a child of the trace context `headers` carry, if any.
