@@ -84,6 +84,41 @@ use futures_util::StreamExt as _;
 /// messages (three windows of 1,000 in flight) fail with `Timeout` in about 15 s. The
 /// client's own timeout counts from the await: awaited one after another, each of the
 /// last 1,000 would have waited 5 s more (hours for the call).
+/// A Core message the client refuses (larger than the server's `max_payload`) fails
+/// alone, with or without headers; the messages around it go out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_all_refuses_an_oversized_core_message_alone() {
+    let nats = nats().await;
+    let core = format!("{}.core", unique("SENDALL_BIG"));
+    let mut heard = nats.client().subscribe(core.clone()).await.expect("sub");
+    nats.client().flush().await.expect("flushed");
+    let too_large = vec![b'x'; nats.client().server_info().max_payload + 1];
+    let mut with_headers = Outgoing::new(core.as_str(), too_large.clone());
+    with_headers.headers.insert("kind", "big");
+    let messages = vec![
+        Outgoing::new(core.as_str(), "before"),
+        Outgoing::new(core.as_str(), too_large),
+        with_headers,
+        Outgoing::new(core.as_str(), "after"),
+    ];
+    let results = Publisher::new(nats.publish_handle())
+        .send_all(messages)
+        .await;
+    for refused in &results[1..3] {
+        let e = refused.as_ref().expect_err("too large");
+        assert_eq!(e.kind(), PublishErrorKind::TooLarge, "{e}");
+        assert!(e.to_string().contains(&core), "{e}");
+    }
+    assert!(results[0].is_ok() && results[3].is_ok(), "{results:?}");
+    for expected in ["before", "after"] {
+        let message = tokio::time::timeout(Duration::from_secs(5), heard.next())
+            .await
+            .expect("heard in time")
+            .expect("subscription open");
+        assert_eq!(message.payload, expected);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn send_all_to_a_server_that_stopped_answering_bounds_each_ack_from_its_send() {
     let store = std::env::temp_dir().join(unique("nats-frozen"));
