@@ -58,6 +58,10 @@ impl Publisher {
     /// A message's address is an `Arc<str>`: messages to one address share one string
     /// (`Arc::clone`, as below) instead of each making its own copy.
     ///
+    /// With the `opentelemetry` feature, the span current when `send_all` is called gives
+    /// its trace context to every message that carries none of its own (asked once for
+    /// the whole call).
+    ///
     /// ```
     /// # async fn example(publisher: ruststream::Publisher) {
     /// use std::sync::Arc;
