@@ -66,18 +66,23 @@ async fn send_all_mixes_stream_and_core_subjects_and_answers_each() {
         payloads.push(message.payload);
     }
     assert_eq!(payloads, [Bytes::from("s1"), "s2".into(), "s3".into()]);
-    for expected in ["c1", "c2"] {
-        let message = tokio::time::timeout(Duration::from_secs(5), heard.next())
-            .await
-            .expect("heard in time")
-            .expect("subscription open");
-        assert_eq!(message.payload, expected);
-    }
+    hears_in_order(&mut heard, &["c1", "c2"]).await;
     let more = tokio::time::timeout(Duration::from_millis(300), heard.next()).await;
     assert!(more.is_err(), "nothing else on the Core subject: {more:?}");
 }
 
 use futures_util::StreamExt as _;
+
+/// The Core subscription hears exactly these payloads next, in order.
+async fn hears_in_order(heard: &mut ruststream_nats::async_nats::Subscriber, expected: &[&str]) {
+    for expected in expected {
+        let message = tokio::time::timeout(Duration::from_secs(5), heard.next())
+            .await
+            .expect("heard in time")
+            .expect("subscription open");
+        assert_eq!(message.payload, *expected);
+    }
+}
 
 /// A JetStream server that stopped answering (SIGSTOP, on a server of the test's own):
 /// each message waits for its acknowledgement at most 5 s from its own send, so 3,000
@@ -110,13 +115,7 @@ async fn send_all_refuses_an_oversized_core_message_alone() {
         assert!(e.to_string().contains(&core), "{e}");
     }
     assert!(results[0].is_ok() && results[3].is_ok(), "{results:?}");
-    for expected in ["before", "after"] {
-        let message = tokio::time::timeout(Duration::from_secs(5), heard.next())
-            .await
-            .expect("heard in time")
-            .expect("subscription open");
-        assert_eq!(message.payload, expected);
-    }
+    hears_in_order(&mut heard, &["before", "after"]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
