@@ -500,15 +500,9 @@ impl Publish for NatsPublisher {
                     }
                     Ok(false) => {
                         let to = to.get_or_insert_with(|| Subject::from(&*subject));
-                        // Without headers, the client's publish is awaited in place (one
-                        // state machine a message, not two).
-                        let sent = if headers.is_empty() {
-                            let handing = self.client.publish(to.clone(), payload);
-                            handing.await.map_err(|e| core_failed(&subject, e))
-                        } else {
-                            self.send_core(&subject, to.clone(), &headers, payload)
-                                .await
-                        };
+                        let sent = self
+                            .send_core(&subject, to.clone(), &headers, payload)
+                            .await;
                         if sent.is_ok() {
                             handed_to_client(&mut core, i, subject);
                         }
