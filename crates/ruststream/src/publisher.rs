@@ -56,7 +56,9 @@ impl Publisher {
     /// future that sends them.
     ///
     /// A message's address is an `Arc<str>`: messages to one address share one string
-    /// (`Arc::clone`, as below) instead of each making its own copy.
+    /// (`Arc::clone`, as below) instead of each making its own copy. Its key and headers
+    /// are fields of [`Outgoing`](crate::core::Outgoing), set before it is handed over
+    /// (a Kafka key keeps a key's messages on one partition, in order).
     ///
     /// With the `opentelemetry` feature, the span current when `send_all` is called gives
     /// its trace context to every message that carries none of its own (asked once for
@@ -68,8 +70,11 @@ impl Publisher {
     /// use ruststream::core::Outgoing;
     ///
     /// let to: Arc<str> = Arc::from("orders");
-    /// let orders =
-    ///     (0..100).map(|n| Outgoing::new(Arc::clone(&to), format!(r#"{{"id":{n}}}"#)));
+    /// let orders = (0..100).map(|n| {
+    ///     let mut order = Outgoing::new(Arc::clone(&to), format!(r#"{{"id":{n}}}"#));
+    ///     order.key = Some(format!("customer-{}", n % 10).into());
+    ///     order
+    /// });
     /// let results = publisher.send_all(orders).await;
     /// let refused: Vec<usize> = (0..results.len()).filter(|&i| results[i].is_err()).collect();
     /// # }
