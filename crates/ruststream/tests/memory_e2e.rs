@@ -1,7 +1,7 @@
 //! End-to-end behaviour on the memory broker, through the production runtime.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -527,71 +527,6 @@ async fn g4_retry_address_equal_to_dead_letter_is_refused() {
             .contains("`orders.parked` is also the dead-letter address"),
         "{err}"
     );
-}
-
-#[derive(Default)]
-struct Slow {
-    started: tokio::sync::Notify,
-    finished: AtomicBool,
-}
-
-async fn slow(State(s): State<Arc<Slow>>) -> HandlerOutcome {
-    s.started.notify_one();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    s.finished.store(true, Ordering::SeqCst);
-    HandlerOutcome::ack()
-}
-
-#[tokio::test]
-async fn e3_stop_lets_running_handlers_finish_and_settles_them() {
-    let broker = MemoryBroker::new();
-    let slow_state = Arc::new(Slow::default());
-    let app = App::new()
-        .state(Arc::clone(&slow_state))
-        .register(on(broker.topic("jobs"), slow));
-    let running = app.start().await.unwrap();
-    broker.publisher().to("jobs").send(&1).await.unwrap();
-    slow_state.started.notified().await;
-    running.stop().await;
-    assert!(
-        slow_state.finished.load(Ordering::SeqCst),
-        "the running handler finished"
-    );
-    assert_eq!(
-        broker.depth("jobs", "default"),
-        0,
-        "and its delivery was settled"
-    );
-}
-
-#[tokio::test]
-async fn e3_past_the_drain_timeout_unfinished_work_goes_back_to_the_broker() {
-    let broker = MemoryBroker::new();
-    let slow_state = Arc::new(Slow::default());
-    let app = App::new()
-        .state(Arc::clone(&slow_state))
-        .shutdown_timeout(Duration::from_millis(20))
-        .register(on(broker.topic("jobs"), slow));
-    let stop = app.stop_handle();
-    let run = tokio::spawn(app.run());
-    broker.publisher().to("jobs").send(&1).await.unwrap();
-    slow_state.started.notified().await;
-    stop.stop();
-    run.await.unwrap().unwrap();
-    assert!(!slow_state.finished.load(Ordering::SeqCst));
-    assert_eq!(
-        broker.depth("jobs", "default"),
-        1,
-        "unsettled, so it is still there"
-    );
-    // A new instance picks it up.
-    let app = App::new()
-        .state(Arc::clone(&slow_state))
-        .register(on(broker.topic("jobs"), slow));
-    let running = app.start().await.unwrap();
-    slow_state.started.notified().await;
-    running.stop().await;
-    assert_eq!(broker.depth("jobs", "default"), 0);
 }
 
 #[tokio::test(start_paused = true)]
