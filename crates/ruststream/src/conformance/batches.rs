@@ -305,28 +305,6 @@ async fn acking_batch_app(
     (app, calls)
 }
 
-/// Publishes each payload to `address` at once (`send_all`), asserting each went out.
-async fn publish_all(
-    bed: &impl Bed,
-    address: &str,
-    payloads: impl IntoIterator<Item = Vec<u8>, IntoIter: Send>,
-) {
-    let messages = payloads
-        .into_iter()
-        .map(|payload| ruststream_core::Outgoing::new(address, payload));
-    for (i, sent) in bed
-        .publisher()
-        .send_all(messages)
-        .await
-        .into_iter()
-        .enumerate()
-    {
-        if let Err(e) = sent {
-            panic!("publishing message {i} to `{address}`: {e}");
-        }
-    }
-}
-
 /// Publishes a marker and waits until a batch handler saw it, then as long as an
 /// unsettled delivery takes to come back.
 async fn read_past_a_batch_marker(bed: &impl Bed, address: &str, calls: &Calls) {

@@ -8,7 +8,7 @@
 //! `retry_after` comes back no earlier than its delay; at the cap the handler has run
 //! exactly `max_attempts` times and exactly one dead letter with the original payload
 //! and headers exists; `lanes(n)` keeps per-key order; a stop lets the running handler
-//! finish and settles it; `drop()` is final; two members of a group share the work;
+//! finish and settles it, and a stop during a backlog fetches no more; `drop()` is final; two members of a group share the work;
 //! broken registrations are refused all at once; the retry path follows the capabilities
 //! the transport declares on its descriptor (the broker's own count, or the runtime's
 //! header-counted copies); `consumers(2)` shares one registration's work in one app. Bad input (an undecodable payload,
@@ -43,9 +43,10 @@ pub use outcomes::{
     retry_path_follows_the_capabilities, round_trip,
 };
 pub use running::{
-    competing_consumers_share_the_work, e3_stop_drains_and_settles,
-    e4_broken_registrations_are_all_refused, g1_a_hung_handler_is_cancelled_at_its_deadline,
-    g4_unbounded_registrations_are_refused, lanes_keep_per_key_order,
+    competing_consumers_share_the_work, e3_a_stop_during_a_backlog_stops_fetching,
+    e3_stop_drains_and_settles, e4_broken_registrations_are_all_refused,
+    g1_a_hung_handler_is_cancelled_at_its_deadline, g4_unbounded_registrations_are_refused,
+    lanes_keep_per_key_order,
 };
 pub use scale::consumers_share_the_work_in_one_app;
 
@@ -95,7 +96,7 @@ pub trait Bed: Send + Sync + 'static {
 #[macro_export]
 macro_rules! conformance_tests {
     ($bed:expr) => {
-        $crate::conformance_tests!(@each $bed; round_trip, ack_is_final, retry_is_the_next_attempt, retry_after_waits, g2_backoff_spaces_every_retry, d6_at_the_cap_one_dead_letter_says_why, e3_stop_drains_and_settles, e1_undecodable_is_dead_lettered, e1_undecodable_without_a_dead_letter_is_dropped_once, forged_retry_counts_end_in_one_dead_letter, empty_and_large_payloads_arrive_intact, e2_a_panic_is_a_failed_attempt, drop_is_final, retry_path_follows_the_capabilities, competing_consumers_share_the_work, e4_broken_registrations_are_all_refused, hostile_headers_arrive_intact_or_are_refused_by_name, g4_unbounded_registrations_are_refused, g1_a_hung_handler_is_cancelled_at_its_deadline, batch_outcomes_settle_each_message_as_alone, batch_failures_retry_every_message, batch_is_cut_by_size_and_by_time, consumers_share_the_work_in_one_app);
+        $crate::conformance_tests!(@each $bed; round_trip, ack_is_final, retry_is_the_next_attempt, retry_after_waits, g2_backoff_spaces_every_retry, d6_at_the_cap_one_dead_letter_says_why, e3_stop_drains_and_settles, e3_a_stop_during_a_backlog_stops_fetching, e1_undecodable_is_dead_lettered, e1_undecodable_without_a_dead_letter_is_dropped_once, forged_retry_counts_end_in_one_dead_letter, empty_and_large_payloads_arrive_intact, e2_a_panic_is_a_failed_attempt, drop_is_final, retry_path_follows_the_capabilities, competing_consumers_share_the_work, e4_broken_registrations_are_all_refused, hostile_headers_arrive_intact_or_are_refused_by_name, g4_unbounded_registrations_are_refused, g1_a_hung_handler_is_cancelled_at_its_deadline, batch_outcomes_settle_each_message_as_alone, batch_failures_retry_every_message, batch_is_cut_by_size_and_by_time, consumers_share_the_work_in_one_app);
     };
     ($bed:expr, keys) => {
         $crate::conformance_tests!($bed);

@@ -2,12 +2,15 @@
 //! start, the handler deadline.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::future::poll_fn;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::task::Poll;
 use std::time::Duration;
 
 use ruststream_core::Delivery;
 
-use crate::{App, HandlerOutcome, on};
+use crate::{App, HandlerOutcome, StopHandle, on};
 
 use super::Bed;
 use super::support::*;
@@ -123,6 +126,58 @@ pub async fn e3_stop_drains_and_settles(bed: impl Bed) {
         "it was settled before the stop ended"
     );
     app.stop().await;
+}
+
+/// A stop asked while the app works through a backlog ends the run within the
+/// deadlines and fetches no more, also when it comes just as the driver's task has spent
+/// tokio's cooperative budget (here the handler spends it, as tokio I/O in a handler
+/// does, then asks the stop once, as `Running::stop` and SIGTERM do).
+pub async fn e3_a_stop_during_a_backlog_stops_fetching(bed: impl Bed) {
+    const BACKLOG: usize = 300;
+    const STOP_AT: usize = 20;
+    let address = bed.address().await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let stop: Arc<OnceLock<StopHandle>> = Arc::default();
+    let handler = {
+        let (calls, stop) = (Arc::clone(&calls), Arc::clone(&stop));
+        move |_d: Delivery| {
+            let (calls, stop) = (Arc::clone(&calls), Arc::clone(&stop));
+            async move {
+                if calls.fetch_add(1, Ordering::SeqCst) + 1 == STOP_AT {
+                    poll_fn(|cx| {
+                        while let Poll::Ready(unit) = tokio::task::coop::poll_proceed(cx) {
+                            unit.made_progress();
+                        }
+                        Poll::Ready(())
+                    })
+                    .await;
+                    stop.get().expect("set before the backlog").stop();
+                }
+                HandlerOutcome::ack()
+            }
+        }
+    };
+    let app = App::new()
+        .register(on(bed.subscribe(&address, "suite"), handler))
+        .start()
+        .await
+        .expect("start");
+    let _ = stop.set(app.stop_handle());
+    tokio::time::sleep(bed.warm_up()).await;
+    publish_all(
+        &bed,
+        &address,
+        (0..BACKLOG).map(|n| n.to_string().into_bytes()),
+    )
+    .await;
+    tokio::time::timeout(Duration::from_secs(60), app.wait())
+        .await
+        .expect("the app ended after the stop");
+    let handled = calls.load(Ordering::SeqCst);
+    assert!(
+        (STOP_AT..BACKLOG).contains(&handled),
+        "stopped at call {STOP_AT}, fetching no more: {handled} of {BACKLOG} handled"
+    );
 }
 
 /// Two apps in one group share the work: every message is handled, and only once; where

@@ -12,6 +12,28 @@ use crate::{App, HandlerOutcome, on};
 
 use super::Bed;
 
+/// Publishes each payload to `address` at once (`send_all`), asserting each went out.
+pub(super) async fn publish_all(
+    bed: &impl Bed,
+    address: &str,
+    payloads: impl IntoIterator<Item = Vec<u8>, IntoIter: Send>,
+) {
+    let messages = payloads
+        .into_iter()
+        .map(|payload| Outgoing::new(address, payload));
+    for (i, sent) in bed
+        .publisher()
+        .send_all(messages)
+        .await
+        .into_iter()
+        .enumerate()
+    {
+        if let Err(e) = sent {
+            panic!("publishing message {i} to `{address}`: {e}");
+        }
+    }
+}
+
 /// What handlers saw, shared with the test.
 #[derive(Default, Clone)]
 pub(super) struct Log(Arc<Mutex<Vec<(Delivery, Instant)>>>);
