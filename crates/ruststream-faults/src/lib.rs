@@ -278,6 +278,17 @@ impl Service {
         status.code()
     }
 
+    /// [`exits_within`](Self::exits_within), then everything it printed (read to the end
+    /// of its output).
+    pub async fn exited_within(mut self, limit: Duration) -> (Option<i32>, Tally) {
+        let code = self.exits_within(limit).await;
+        tokio::time::timeout(Duration::from_secs(10), &mut self.reader)
+            .await
+            .expect("the ended service's output ends")
+            .expect("the output reader finished");
+        (code, self.tally())
+    }
+
     /// SIGKILL; returns everything it printed (read to the end of its output).
     pub async fn kill(mut self) -> Tally {
         self.child.kill().await.expect("SIGKILL the service");

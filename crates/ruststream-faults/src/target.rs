@@ -169,21 +169,22 @@ impl Target {
         self.publish_keyed(address, n, 8).await
     }
 
-    /// Publishes `m-0` … `m-{n-1}` with keys spread over `keys` values; returns the
-    /// payloads the broker confirmed.
+    /// Publishes `m-0` … `m-{n-1}` with keys spread over `keys` values, with one wait for
+    /// all of them (`send_all`); returns the payloads, every one confirmed by the broker.
     pub async fn publish_keyed(&self, address: &str, n: usize, keys: usize) -> BTreeSet<String> {
-        let mut published = BTreeSet::new();
-        for i in 0..n {
-            let payload = format!("m-{i}");
-            let mut message = Outgoing::new(address, Bytes::from(payload.clone()));
+        let to: Arc<str> = Arc::from(address);
+        let messages = (0..n).map(|i| {
+            let mut message = Outgoing::new(Arc::clone(&to), Bytes::from(format!("m-{i}")));
             message.key = Some(Bytes::from(format!("k{}", i % keys)));
-            self.publisher
-                .publish(message)
-                .await
-                .unwrap_or_else(|e| panic!("publishing {payload} to {address}: {e}"));
-            published.insert(payload);
+            message
+        });
+        let results = self.publisher.send_all(messages).await;
+        for (i, result) in results.iter().enumerate() {
+            if let Err(e) = result {
+                panic!("publishing m-{i} to {address}: {e}");
+            }
         }
-        published
+        (0..n).map(|i| format!("m-{i}")).collect()
     }
 
     /// Starts a life of the service on `address` as `group`, in `mode`.

@@ -1,6 +1,8 @@
 //! A bounded stop (SPEC G6), with the service as a separate process (`fault-service`,
 //! which runs until a signal with `Running::until_signal`): a stop while its broker is
-//! gone ends within the drain and close deadlines, and a second signal ends it at once.
+//! gone ends within the drain and close deadlines, and a second signal ends it at once;
+//! a stop during a backlog settles what finished (E3) on every broker that keeps
+//! messages.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -8,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use ruststream::Headers;
-use ruststream_faults::{Service, free_port, installed, unique};
+use ruststream_faults::{Report, Service, Target, free_port, installed, unique};
 use ruststream_nats::Nats;
 use ruststream_nats::async_nats::jetstream::{self, stream};
 use tokio::process::Command;
@@ -279,4 +281,99 @@ async fn e3_sigterm_drains_settles_and_exits_cleanly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e3_sigint_drains_settles_and_exits_cleanly() {
     a_signal_drains_and_settles("INT").await;
+}
+
+/// E3 under load, from outside the process: SIGTERM while the service reads a backlog
+/// (`Running::until_signal` asks the stop once) stops fetching, settles what finished and
+/// exits; the next life reads the rest. Nothing is lost, and nothing the first life
+/// finished is handled again: its settlements reached the broker before it exited.
+async fn sigterm_during_a_backlog(transport: &'static str) {
+    let target = Target::new(SERVICE, transport).await;
+    let n = 3_000;
+    let (address, group, published, mut first) = target.first_life(n, "ack").await;
+    first
+        .until(Duration::from_secs(90), "a tenth handled", |t| {
+            t.done.len() >= n / 10
+        })
+        .await;
+    let asked = Instant::now();
+    first.signal("TERM");
+    let (code, first) = first.exited_within(Duration::from_secs(30)).await;
+    let took = asked.elapsed();
+    assert_eq!(code, Some(0), "a clean exit");
+    let finished = first.handled();
+    let started: std::collections::BTreeSet<String> =
+        first.started.iter().map(|l| l.payload.clone()).collect();
+    assert_eq!(
+        started, finished,
+        "every handler running at the signal finished"
+    );
+    assert!(
+        finished.len() < n,
+        "fetching stopped at the signal: {} of {n} handled",
+        finished.len()
+    );
+
+    let second = target.restart(&address, &group, &published, &first).await;
+    let again: Vec<String> = second.handled().intersection(&finished).cloned().collect();
+    let report = Report {
+        published,
+        lives: vec![first, second],
+    };
+    report.print(
+        target.label,
+        &format!(
+            "{n} messages, SIGTERM after {} acks while the backlog was read: exited after {:.1} s, restarted",
+            finished.len(),
+            took.as_secs_f64()
+        ),
+        "",
+    );
+    assert_eq!(report.lost(), 0, "nothing lost");
+    assert!(
+        again.is_empty(),
+        "{} message(s) the stopped life finished were handled again (their settlement did not reach the broker), e.g. {:?}",
+        again.len(),
+        again.iter().take(5).collect::<Vec<_>>()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e3_jetstream_sigterm_during_a_backlog_settles_what_finished() {
+    sigterm_during_a_backlog("jetstream").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e3_kafka_tracked_sigterm_during_a_backlog_settles_what_finished() {
+    sigterm_during_a_backlog("kafka-tracked").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e3_kafka_auto_sigterm_during_a_backlog_settles_what_finished() {
+    sigterm_during_a_backlog("kafka-auto").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e3_kafka_transactional_sigterm_during_a_backlog_settles_what_finished() {
+    sigterm_during_a_backlog("kafka-transactional").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e3_pulsar_sigterm_during_a_backlog_settles_what_finished() {
+    sigterm_during_a_backlog("pulsar").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e3_rabbitmq_classic_sigterm_during_a_backlog_settles_what_finished() {
+    sigterm_during_a_backlog("rabbitmq-classic").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e3_rabbitmq_quorum_sigterm_during_a_backlog_settles_what_finished() {
+    sigterm_during_a_backlog("rabbitmq-quorum").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e3_redis_sigterm_during_a_backlog_settles_what_finished() {
+    sigterm_during_a_backlog("redis").await;
 }
