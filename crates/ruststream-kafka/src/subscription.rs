@@ -240,7 +240,7 @@ impl KafkaSubscription {
     #[inline(never)]
     fn window_handed_out(&mut self, receipt: &KafkaReceipt) {
         if let Some(window) = &mut self.window {
-            window.handed_out(self.book.topic(receipt), receipt);
+            window.handed_out(self.book.topic(receipt), receipt, &self.book.moves);
         }
     }
 

@@ -43,8 +43,7 @@ pub(crate) struct Window {
     in_flight: usize,
     parked: HashSet<(usize, i64, u64)>,
     doomed: bool,
-    epoch: u64,
-    read: HashSet<(Arc<str>, i32)>,
+    reads: Reads,
     closing: Option<oneshot::Receiver<Closed>>,
     fenced: bool,
 }
@@ -87,16 +86,15 @@ impl Window {
             in_flight: 0,
             parked: HashSet::new(),
             doomed: false,
-            epoch: 0,
-            read: HashSet::new(),
+            reads: Reads::default(),
             closing: None,
             fenced: false,
         })
     }
 
-    pub(crate) fn handed_out(&mut self, topic: &Arc<str>, receipt: &KafkaReceipt) {
+    pub(crate) fn handed_out(&mut self, topic: &Arc<str>, receipt: &KafkaReceipt, moves: &Moves) {
         self.in_flight += 1;
-        self.read.insert((Arc::clone(topic), receipt.partition));
+        self.reads.read(topic, receipt.partition, moves);
     }
 
     pub(crate) fn parked(&mut self, receipt: &KafkaReceipt) {
@@ -127,11 +125,7 @@ impl Window {
     }
 
     fn must_abort(&mut self, moves: &Moves) -> bool {
-        if moves.epoch() != self.epoch && self.read.is_empty() {
-            // Partitions moved, but this window read nothing from them: nothing to undo.
-            self.epoch = moves.epoch();
-        }
-        self.doomed || self.pipeline.doomed.load(Ordering::Acquire) || moves.epoch() != self.epoch
+        self.doomed || self.pipeline.doomed.load(Ordering::Acquire) || self.reads.moved_since(moves)
     }
 
     /// Closes the window when it is due (or doomed) once nothing handed out is running,
@@ -175,7 +169,7 @@ impl Window {
             .iter()
             .map(|((t, p), o)| (t.to_string(), *p, *o))
             .collect();
-        let read: Vec<(String, i32)> = self.read.iter().map(|(t, p)| (t.to_string(), *p)).collect();
+        let read: Vec<(String, i32)> = self.reads.partitions().collect();
         let (tx, rx) = oneshot::channel();
         let id = self.pipeline.id.clone();
         std::thread::spawn(move || {
@@ -204,7 +198,7 @@ impl Window {
             }
             Closed::Aborted => {
                 // Everything read in the window is read again: drop what was tracked.
-                moves.moved(self.read.iter().map(|(t, p)| (t.to_string(), *p)));
+                moves.moved(self.reads.partitions());
                 tracing::info!(address = %self.address, pipeline = %self.pipeline.id, "window aborted; reading it again");
                 self.pipeline.report(false, Vec::new());
             }
@@ -219,10 +213,9 @@ impl Window {
             }
         }
         self.offsets.clear();
-        self.read.clear();
+        self.reads.clear(moves);
         self.doomed = false;
         self.pipeline.doomed.store(false, Ordering::Release);
-        self.epoch = moves.epoch();
         self.began = Instant::now();
     }
 
@@ -242,6 +235,43 @@ impl Window {
         if let Ok(Ok(closed)) = tokio::time::timeout(deadline, rx).await {
             self.closed(closed, moves);
         }
+    }
+}
+
+/// The partitions a window read from, and the partition moves it has seen. A move after
+/// the window read dooms it: another member may read those records again. A move before
+/// it read anything undoes nothing of it, including the assignment a poll serves just
+/// before it returns the window's first record.
+#[derive(Default)]
+struct Reads {
+    epoch: u64,
+    partitions: HashSet<(Arc<str>, i32)>,
+}
+
+impl Reads {
+    fn read(&mut self, topic: &Arc<str>, partition: i32, moves: &Moves) {
+        if self.partitions.is_empty() {
+            self.epoch = moves.epoch();
+        }
+        self.partitions.insert((Arc::clone(topic), partition));
+    }
+
+    /// Partitions moved since the window first read.
+    fn moved_since(&mut self, moves: &Moves) -> bool {
+        if self.partitions.is_empty() {
+            self.epoch = moves.epoch();
+        }
+        moves.epoch() != self.epoch
+    }
+
+    fn partitions(&self) -> impl Iterator<Item = (String, i32)> + '_ {
+        self.partitions.iter().map(|(t, p)| (t.to_string(), *p))
+    }
+
+    /// A new window: it has read nothing.
+    fn clear(&mut self, moves: &Moves) {
+        self.partitions.clear();
+        self.epoch = moves.epoch();
     }
 }
 
@@ -302,5 +332,50 @@ fn abort_and_rewind(
     match producer.begin_transaction() {
         Ok(()) => Closed::Aborted,
         Err(e) => Closed::Fenced(e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn moved(moves: &Moves) {
+        moves.moved([("orders".to_owned(), 0)].into_iter());
+    }
+
+    #[test]
+    fn k6_an_assignment_served_by_the_poll_that_gave_the_first_record_dooms_nothing() {
+        let (moves, topic) = (Moves::default(), Arc::from("orders"));
+        let mut reads = Reads::default();
+        // The poll serves the assignment, then returns the window's first record.
+        moved(&moves);
+        reads.read(&topic, 0, &moves);
+        assert!(
+            !reads.moved_since(&moves),
+            "nothing was read before the move"
+        );
+    }
+
+    #[test]
+    fn k6_a_move_after_the_window_read_dooms_it_until_a_new_window() {
+        let (moves, topic) = (Moves::default(), Arc::from("orders"));
+        let mut reads = Reads::default();
+        reads.read(&topic, 0, &moves);
+        moved(&moves);
+        reads.read(&topic, 0, &moves);
+        assert!(
+            reads.moved_since(&moves),
+            "read before the move: read again"
+        );
+        reads.clear(&moves);
+        assert!(
+            !reads.moved_since(&moves),
+            "a new window starts from the move"
+        );
+        moved(&moves);
+        assert!(
+            !reads.moved_since(&moves),
+            "a move while it read nothing undoes nothing"
+        );
     }
 }
