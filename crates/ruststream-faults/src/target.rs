@@ -157,6 +157,10 @@ impl Target {
             _ => {
                 let topic = unique("kill");
                 kafka::create_partitioned(&self.url, &[&topic], partitions).await;
+                if self.transport == "kafka-transactional" {
+                    // The exactly-once service produces each output to `<topic>-out`.
+                    kafka::create_partitioned(&self.url, &[&format!("{topic}-out")], 1).await;
+                }
                 topic
             }
         };

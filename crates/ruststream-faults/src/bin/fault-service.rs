@@ -5,7 +5,9 @@
 //! - transport: `core` (subject `address`, queue group `group`), `jetstream` (durable
 //!   consumer `group` on stream `address`, whose one subject is `address`),
 //!   `kafka-tracked` / `kafka-auto` / `kafka-transactional` (topic `address`, group
-//!   `group`; the exactly-once pipeline's id is `<group>-tx`), `pulsar` (Shared
+//!   `group`; the exactly-once pipeline's id is `<group>-tx`, and each handler call that
+//!   finishes its work produces `out-<payload>` through it to `<address>-out`: a
+//!   consume-transform-produce service), `pulsar` (Shared
 //!   subscription `group` on topic `address`; `url` is the broker's `host:port`, reached
 //!   through the checksum relay), `rabbitmq-classic` / `rabbitmq-quorum` (queue `address`,
 //!   declared by the test, of that kind; `group` unused), `redis` (stream `address`,
@@ -27,7 +29,7 @@ use std::time::Duration;
 
 use ruststream::batch::Batch;
 use ruststream::core::Descriptor;
-use ruststream::{App, BatchOutcome, Codec, Delivery, HandlerOutcome, on, on_batch};
+use ruststream::{App, BatchOutcome, Codec, Delivery, HandlerOutcome, Publisher, on, on_batch};
 use ruststream_faults::HOLD;
 use ruststream_kafka::{Commit, EosPipeline, Kafka};
 use ruststream_nats::Nats;
@@ -85,7 +87,12 @@ fn say(line: &str) {
     let _ = out.flush();
 }
 
-async fn handle(d: Delivery, mode: Mode) -> HandlerOutcome {
+async fn handle(
+    d: Delivery,
+    publisher: Publisher,
+    mode: Mode,
+    output: Option<&str>,
+) -> HandlerOutcome {
     let payload = String::from_utf8_lossy(d.payload()).into_owned();
     let attempt = d.attempt().number();
     say(&format!("start {payload} {attempt}"));
@@ -100,6 +107,15 @@ async fn handle(d: Delivery, mode: Mode) -> HandlerOutcome {
         Mode::Hang => std::future::pending::<()>().await,
         Mode::Batch => unreachable!("the batch mode registers a batch handler"),
     }
+    if let Some(output) = output
+        && let Err(e) = publisher
+            .to(output)
+            .send_bytes(format!("out-{payload}"))
+            .await
+    {
+        eprintln!("producing the output of {payload} failed: {e}");
+        return HandlerOutcome::retry();
+    }
     say(&format!("done {payload} {attempt}"));
     HandlerOutcome::ack()
 }
@@ -111,7 +127,13 @@ fn millis(variable: &str) -> Option<Duration> {
         .map(Duration::from_millis)
 }
 
-async fn serve<D: Descriptor>(descriptor: D, mode: Mode) -> Result<(), Box<dyn std::error::Error>> {
+/// Serves `descriptor` in `mode`; with an `output`, each handler call that finishes its
+/// work produces to it before it acks.
+async fn serve<D: Descriptor>(
+    descriptor: D,
+    mode: Mode,
+    output: Option<String>,
+) -> Result<(), Box<dyn std::error::Error>> {
     let mut app = App::new();
     if let Some(timeout) = millis("FAULT_SHUTDOWN_MS") {
         app = app.shutdown_timeout(timeout);
@@ -129,9 +151,12 @@ async fn serve<D: Descriptor>(descriptor: D, mode: Mode) -> Result<(), Box<dyn s
         )
     } else {
         app.register(
-            on(descriptor, move |d: Delivery| handle(d, mode))
-                .name("fault-service")
-                .lanes(4),
+            on(descriptor, move |d: Delivery, publisher: Publisher| {
+                let output = output.clone();
+                async move { handle(d, publisher, mode, output.as_deref()).await }
+            })
+            .name("fault-service")
+            .lanes(4),
         )
     };
     let running = app.start().await?;
@@ -176,7 +201,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     match transport.as_str() {
         "core" => {
             let nats = Nats::connect(url).await?;
-            serve(nats.subject(address).queue_group(group), mode).await
+            serve(nats.subject(address).queue_group(group), mode, None).await
         }
         "jetstream" => {
             let nats = Nats::connect(url).await?;
@@ -185,16 +210,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .filter_subject(address)
                 // Deliveries the killed service held come back after this.
                 .ack_wait(Duration::from_secs(5));
-            serve(consumer, mode).await
+            serve(consumer, mode, None).await
         }
-        "kafka-tracked" => serve(kafka_topic(url, address, group, Commit::Tracked)?, mode).await,
-        "kafka-auto" => serve(kafka_topic(url, address, group, Commit::Auto)?, mode).await,
+        "kafka-tracked" => serve(kafka_topic(url, address, group, Commit::Tracked)?, mode, None).await,
+        "kafka-auto" => serve(kafka_topic(url, address, group, Commit::Auto)?, mode, None).await,
         "kafka-transactional" => {
             // The same transactional id in every life: a new life fences the killed one.
             let kafka = Kafka::connect(url)?;
             let pipeline = EosPipeline::new(&kafka, format!("{group}-tx"));
             let topic = kafka_topic(url, address, group, Commit::Transactional(pipeline))?;
-            serve(topic, mode).await
+            serve(topic, mode, Some(format!("{address}-out"))).await
         }
         "pulsar" => {
             let relay = ruststream_test_support::pulsar_relay::start(url.clone()).await;
@@ -206,7 +231,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .options(
                     ConsumerOptions::default().with_initial_position(InitialPosition::Earliest),
                 );
-            serve(topic, mode).await
+            serve(topic, mode, None).await
         }
         "rabbitmq-classic" | "rabbitmq-quorum" => {
             // The test declared the queue, of this kind.
@@ -216,14 +241,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             } else {
                 QueueKind::Classic
             };
-            serve(rabbit.queue(address).kind(kind), mode).await
+            serve(rabbit.queue(address).kind(kind), mode, None).await
         }
         "redis" => {
             let redis = Redis::connect(url).await?;
             let stream = redis
                 .stream(address.as_str(), group.as_str())
                 .claim_timeout(Duration::from_secs(2));
-            serve(stream, mode).await
+            serve(stream, mode, None).await
         }
         other => Err(format!(
             "unknown transport `{other}`: core, jetstream, kafka-tracked, kafka-auto, kafka-transactional, pulsar, rabbitmq-classic, rabbitmq-quorum or redis"
