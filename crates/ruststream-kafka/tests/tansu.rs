@@ -18,9 +18,10 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use common::{blocking, brokers, create_topic, kafka, unique};
+use common::{blocking, brokers, committed, create_topic, kafka, unique};
 use ruststream_kafka::rdkafka::consumer::{BaseConsumer, Consumer};
 use ruststream_kafka::rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use ruststream_kafka::rdkafka::{ClientConfig, Offset, TopicPartitionList};
@@ -53,52 +54,44 @@ fn transaction(
     producer.commit_transaction(WAIT).expect("commit");
 }
 
-/// The group's committed offset of `input`, as the broker answers it.
-fn committed_now(consumer: &BaseConsumer, input: &str) -> Option<i64> {
-    let mut list = TopicPartitionList::new();
-    list.add_partition(input, 0);
-    let answer = consumer
-        .committed_offsets(list, WAIT)
-        .expect("committed offsets");
-    match answer.find_partition(input, 0).map(|e| e.offset()) {
-        Some(Offset::Offset(o)) => Some(o),
-        _ => None,
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tansu_an_output_less_transaction_after_the_first_commits_no_offsets() {
     let _ = kafka().await;
     let (input, output, group) = (unique("tansu-in"), unique("tansu-out"), unique("g"));
     create_topic(&input, 1).await;
     create_topic(&output, 1).await;
-    let (brokers, id) = (brokers(), unique("tansu-tx"));
-    let steps = blocking(move || {
-        let producer: BaseProducer = ClientConfig::new()
-            .set("bootstrap.servers", &brokers)
-            .set("transactional.id", &id)
-            .create()
-            .expect("producer");
-        producer.init_transactions(WAIT).expect("init transactions");
-        let consumer: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", &brokers)
-            .set("group.id", &group)
-            .set("enable.auto.commit", "false")
-            .create()
-            .expect("consumer");
-        let steps: Vec<_> = [(false, 10), (false, 20), (true, 30), (false, 40)]
-            .into_iter()
-            .map(|(produce, offset)| {
-                let to = produce.then_some(output.as_str());
-                transaction(&producer, &consumer, &input, to, offset);
-                (produce, offset, committed_now(&consumer, &input))
-            })
-            .collect();
-        // Dropping rdkafka clients can block (see brokers.md); this thread is left alone.
-        std::mem::forget((producer, consumer));
-        steps
-    })
-    .await;
+    let (brokers, id, of_group) = (brokers(), unique("tansu-tx"), group.clone());
+    let clients = Arc::new(
+        blocking(move || {
+            let producer: BaseProducer = ClientConfig::new()
+                .set("bootstrap.servers", &brokers)
+                .set("transactional.id", &id)
+                .create()
+                .expect("producer");
+            producer.init_transactions(WAIT).expect("init transactions");
+            // Only for the group's metadata, which the offsets are sent with.
+            let consumer: BaseConsumer = ClientConfig::new()
+                .set("bootstrap.servers", &brokers)
+                .set("group.id", &of_group)
+                .set("enable.auto.commit", "false")
+                .create()
+                .expect("consumer");
+            (producer, consumer)
+        })
+        .await,
+    );
+    let mut steps = Vec::new();
+    for (produce, offset) in [(false, 10), (false, 20), (true, 30), (false, 40)] {
+        let (clients, to_input, output) = (Arc::clone(&clients), input.clone(), output.clone());
+        blocking(move || {
+            let to = produce.then_some(output.as_str());
+            transaction(&clients.0, &clients.1, &to_input, to, offset);
+        })
+        .await;
+        steps.push((produce, offset, committed(&group, &input, 0).await));
+    }
+    // Dropping rdkafka clients can block (see brokers.md).
+    std::mem::forget(clients);
     assert_eq!(
         steps,
         vec![
