@@ -109,9 +109,8 @@ pub(crate) struct Reader {
     reader: ConnectionManager,
     commands: ConnectionManager,
     tx: mpsc::Sender<Result<Entry, SubscribeError>>,
-    keep_every: Duration,
     claim_every: Duration,
-    next_keepalive: Instant,
+    keepalive: Keepalive,
     next_claim: Instant,
     /// At start and after a failed read: entries pending for this consumer name that the
     /// service does not know (a previous life's, or read by a reply that was lost) are
@@ -133,9 +132,11 @@ impl Reader {
             reader,
             commands,
             tx,
-            keep_every,
             claim_every,
-            next_keepalive: Instant::now() + keep_every,
+            keepalive: Keepalive {
+                next: Instant::now() + keep_every,
+                every: keep_every,
+            },
             // A consumer joining looks for idle entries at once.
             next_claim: Instant::now(),
             recover: true,
@@ -176,7 +177,7 @@ impl Reader {
             Ok(found) => {
                 self.recover = false;
                 succeeded(&self.shared);
-                send_all(&self.tx, found).await?;
+                self.hand_over(found).await?;
                 ControlFlow::Continue(true)
             }
             Err(e) => {
@@ -192,17 +193,14 @@ impl Reader {
 
     /// The keepalive of live entries and the claiming of idle ones, when due.
     async fn upkeep(&mut self) -> ControlFlow<()> {
-        let shared = &*self.shared;
         let now = Instant::now();
-        if now >= self.next_keepalive {
-            if let Err(e) = keepalive(shared, &mut self.commands).await {
-                tracing::debug!(stream = &*shared.stream, error = %e, "keepalive failed");
-            }
-            self.next_keepalive = now + self.keep_every;
+        if now >= self.keepalive.next {
+            self.keepalive.run(&self.shared, &mut self.commands).await;
         }
         if now >= self.next_claim {
+            let shared = &*self.shared;
             match claim(shared, &mut self.commands, Some(shared.claim_timeout)).await {
-                Ok(found) => send_all(&self.tx, found).await?,
+                Ok(found) => self.hand_over(found).await?,
                 Err(e) => {
                     tracing::debug!(stream = &*shared.stream, error = %e, "claiming idle entries failed");
                 }
@@ -212,18 +210,41 @@ impl Reader {
         ControlFlow::Continue(())
     }
 
-    /// One blocking read of new entries, for as many as the channel has room for, waiting
-    /// no longer than the next timed work.
+    /// Hands claimed entries to the subscription, keeping the live ones alive while it
+    /// waits for room.
+    async fn hand_over(&mut self, found: Vec<Entry>) -> ControlFlow<()> {
+        for entry in found {
+            let reserve = || self.tx.reserve();
+            let Some(permit) = self
+                .keepalive
+                .until(reserve, &self.shared, &mut self.commands)
+                .await
+            else {
+                return ControlFlow::Break(());
+            };
+            permit.send(Ok(entry));
+        }
+        ControlFlow::Continue(())
+    }
+
+    /// One blocking read of up to a batch of new entries once the channel has room for
+    /// them, waiting no longer than the next timed work.
     async fn read(&mut self) -> ControlFlow<()> {
-        let shared = &*self.shared;
-        let Ok(permits) = self.tx.reserve_many(shared.batch).await else {
+        let reserve = || self.tx.reserve_many(self.shared.batch);
+        let Some(permits) = self
+            .keepalive
+            .until(reserve, &self.shared, &mut self.commands)
+            .await
+        else {
             return ControlFlow::Break(());
         };
+        let shared = &*self.shared;
         if shared.closing.load(Ordering::Relaxed) {
             return ControlFlow::Break(());
         }
         let block = self
-            .next_keepalive
+            .keepalive
+            .next
             .min(self.next_claim)
             .saturating_duration_since(Instant::now())
             .clamp(Duration::from_millis(1), LONGEST_BLOCK);
@@ -289,19 +310,6 @@ fn succeeded(shared: &Shared) {
     }
 }
 
-/// Sends claimed entries to the subscription; breaks once nobody reads.
-async fn send_all(
-    tx: &mpsc::Sender<Result<Entry, SubscribeError>>,
-    found: Vec<Entry>,
-) -> ControlFlow<()> {
-    for entry in found {
-        if tx.send(Ok(entry)).await.is_err() {
-            return ControlFlow::Break(());
-        }
-    }
-    ControlFlow::Continue(())
-}
-
 /// Claims pending entries this service does not know: with `idle`, those of any consumer
 /// idle at least that long; without, this consumer's own. Each is counted by Redis.
 async fn claim(
@@ -358,12 +366,44 @@ async fn claim(
     Ok(found)
 }
 
+/// When the keepalive of live entries is due next, and how often it runs (S5).
+struct Keepalive {
+    next: Instant,
+    every: Duration,
+}
+
+impl Keepalive {
+    async fn run(&mut self, shared: &Shared, commands: &mut ConnectionManager) {
+        keepalive(shared, commands).await;
+        self.next = Instant::now() + self.every;
+    }
+
+    /// Waits for `room` in the subscription's channel (`None` once nobody reads), running
+    /// the keepalive whenever it is due meanwhile: handlers may take long to make room,
+    /// and what is live in the service (read ahead, running, held) must not be claimed
+    /// by other consumers in the meantime.
+    async fn until<T, E, F>(
+        &mut self,
+        mut room: impl FnMut() -> F,
+        shared: &Shared,
+        commands: &mut ConnectionManager,
+    ) -> Option<T>
+    where
+        F: Future<Output = Result<T, E>>,
+    {
+        loop {
+            match tokio::time::timeout_at(self.next, room()).await {
+                Ok(Ok(room)) => return Some(room),
+                Ok(Err(_)) => return None,
+                Err(_) => self.run(shared, commands).await,
+            }
+        }
+    }
+}
+
 /// Resets the idle time of every entry live in this service (`XCLAIM … JUSTID`, which
 /// counts nothing), so no other consumer claims them.
-async fn keepalive(
-    shared: &Shared,
-    commands: &mut ConnectionManager,
-) -> Result<(), redis::RedisError> {
+async fn keepalive(shared: &Shared, commands: &mut ConnectionManager) {
     let live: Vec<EntryId> = shared.known().iter().copied().collect();
     for chunk in live.chunks(CHUNK) {
         let mut command = redis::cmd("XCLAIM");
@@ -375,10 +415,13 @@ async fn keepalive(
         for id in chunk {
             command.arg(*id);
         }
-        command
+        let reset = command
             .arg("JUSTID")
             .query_async::<redis::Value>(commands)
-            .await?;
+            .await;
+        if let Err(e) = reset {
+            tracing::debug!(stream = &*shared.stream, error = %e, "keepalive failed");
+            return;
+        }
     }
-    Ok(())
 }

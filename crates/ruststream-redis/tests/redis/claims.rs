@@ -114,3 +114,57 @@ async fn s5_a_running_entry_is_kept_from_other_consumers_past_the_claim_timeout(
     assert_eq!(calls[0].attempt, 1);
     assert_eq!(pending(&redis, &key, "g").await, 0);
 }
+
+/// S5 with entries read ahead behind a busy lane: the driver takes no more from the
+/// subscription while one waits for the lane, so the read-ahead sits unread; the reader
+/// must keep those entries alive meanwhile, not wait for room to read more first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s5_entries_read_ahead_behind_a_busy_lane_are_kept_from_other_consumers() {
+    let redis = redis().await;
+    let key = stream("s5-ahead");
+    let claim = Duration::from_millis(1_000);
+    for n in 0..6u8 {
+        add(&redis, &key, &[b'a' + n]).await;
+    }
+    let slow = Script::slow(Duration::from_millis(1_500), |_| HandlerOutcome::ack());
+    let first = App::new()
+        .register(
+            on(
+                redis.stream(&key, "g").claim_timeout(claim),
+                handler(Arc::clone(&slow)),
+            )
+            .lanes(1),
+        )
+        .start()
+        .await
+        .expect("starts");
+    eventually(Duration::from_secs(10), "the first runs", || slow.count() >= 1).await;
+    // Another consumer of the group, claiming what has been idle past the claim timeout.
+    let other = Script::new(|_| HandlerOutcome::ack());
+    let second = App::new()
+        .register(on(
+            redis.stream(&key, "g").claim_timeout(claim),
+            handler(Arc::clone(&other)),
+        ))
+        .start()
+        .await
+        .expect("starts");
+    eventually(Duration::from_secs(20), "all six handled", || {
+        slow.count() + other.count() >= 6
+    })
+    .await;
+    // Long enough for a wrongful claim of the last ones to show.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    first.stop().await;
+    second.stop().await;
+    assert_eq!(
+        other.calls().len(),
+        0,
+        "the other consumer took entries this one kept: {:?}",
+        other.calls()
+    );
+    let calls = slow.calls();
+    assert_eq!(calls.len(), 6, "each handled once: {calls:?}");
+    assert!(calls.iter().all(|c| c.attempt == 1), "{calls:?}");
+    assert_eq!(pending(&redis, &key, "g").await, 0);
+}
