@@ -138,7 +138,10 @@ async fn s5_entries_read_ahead_behind_a_busy_lane_are_kept_from_other_consumers(
         .start()
         .await
         .expect("starts");
-    eventually(Duration::from_secs(10), "the first runs", || slow.count() >= 1).await;
+    eventually(Duration::from_secs(10), "the first runs", || {
+        slow.count() >= 1
+    })
+    .await;
     // Another consumer of the group, claiming what has been idle past the claim timeout.
     let other = Script::new(|_| HandlerOutcome::ack());
     let second = App::new()
