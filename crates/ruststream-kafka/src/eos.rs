@@ -11,7 +11,10 @@
 //!
 //! A `retry()`, a failed produce or a partition move makes the open window unable to
 //! commit: at the barrier it is aborted at once (not after the transaction timeout), the
-//! source partitions are rewound to their last committed positions and read again.
+//! source partitions are rewound to their last committed positions (a partition the group
+//! has committed nothing for yet: to the first record the window read of it) and read
+//! again. A record waiting out `retry_after` whose copy was made in the aborted window is
+//! read again too.
 //! Retry and dead-letter copies are produced through the pipeline too, so an aborted
 //! window leaves no orphan copy.
 //!
@@ -19,9 +22,15 @@
 //! when the group's offsets for its inputs are committed, and never those of an aborted
 //! window. What it does not: a `read_uncommitted` consumer sees every produced record,
 //! aborted or not; side effects other than produced records (a database write, an HTTP
-//! call) happen again when a window is read again; and a delayed retry copy
+//! call) happen again when a window is read again; a delayed retry copy
 //! (`retry_after`) is produced in the window open when its timer fires, while its
-//! original settles just after, so a crash between the two can produce the copy twice.
+//! original settles just after, so a crash between the two can produce the copy twice;
+//! and while a record waits out `retry_after`, its partition's committed position waits
+//! at it (SPEC D2: the record comes back if the process dies), so the records after it
+//! on that partition commit their outputs in their own windows but their offsets only
+//! once the wait ends: a crash, a stop or a rebalance within the wait reads them again
+//! and produces their outputs again. Where outputs must be exactly once, prefer `retry()`
+//! (which aborts the window and reads it again) to `retry_after` on this path.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -356,7 +356,13 @@ impl KafkaSubscription {
                     _ => None,
                 };
                 if let Some(window) = &mut self.window {
-                    window.settled(self.book.topic(receipt), receipt, settle, position);
+                    window.settled(
+                        self.book.topic(receipt),
+                        receipt,
+                        settle,
+                        position,
+                        &self.book.moves,
+                    );
                 }
                 Ok(())
             }

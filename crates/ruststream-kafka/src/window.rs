@@ -1,7 +1,7 @@
 //! The open window of a `Commit::Transactional` subscription: what it will commit, the
 //! barrier before closing it, and the commit or abort itself (off the async runtime).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -94,7 +94,7 @@ impl Window {
 
     pub(crate) fn handed_out(&mut self, topic: &Arc<str>, receipt: &KafkaReceipt, moves: &Moves) {
         self.in_flight += 1;
-        self.reads.read(topic, receipt.partition, moves);
+        self.reads.read(topic, receipt, moves);
     }
 
     pub(crate) fn parked(&mut self, receipt: &KafkaReceipt) {
@@ -110,8 +110,13 @@ impl Window {
         receipt: &KafkaReceipt,
         settle: Settle,
         position: Option<i64>,
+        moves: &Moves,
     ) {
-        if !self.parked.remove(&key(receipt)) {
+        if self.parked.remove(&key(receipt)) {
+            // A delayed copy's original, read in an earlier window: its copy is in this
+            // one, so an abort of this window must read the original again too.
+            self.reads.read(topic, receipt, moves);
+        } else {
             self.in_flight = self.in_flight.saturating_sub(1);
         }
         if settle == Settle::Redeliver {
@@ -169,7 +174,7 @@ impl Window {
             .iter()
             .map(|((t, p), o)| (t.to_string(), *p, *o))
             .collect();
-        let read: Vec<(String, i32)> = self.reads.partitions().collect();
+        let read: Vec<(String, i32, i64)> = self.reads.partitions().collect();
         let (tx, rx) = oneshot::channel();
         let id = self.pipeline.id.clone();
         std::thread::spawn(move || {
@@ -198,7 +203,7 @@ impl Window {
             }
             Closed::Aborted => {
                 // Everything read in the window is read again: drop what was tracked.
-                moves.moved(self.reads.partitions());
+                moves.moved(self.reads.partitions().map(|(t, p, _)| (t, p)));
                 tracing::info!(address = %self.address, pipeline = %self.pipeline.id, "window aborted; reading it again");
                 self.pipeline.report(false, Vec::new());
             }
@@ -238,22 +243,27 @@ impl Window {
     }
 }
 
-/// The partitions a window read from, and the partition moves it has seen. A move after
-/// the window read dooms it: another member may read those records again. A move before
-/// it read anything undoes nothing of it, including the assignment a poll serves just
-/// before it returns the window's first record.
+/// The partitions a window read from (with the lowest offset it read of each), and the
+/// partition moves it has seen. A move after the window read dooms it: another member may
+/// read those records again. A move before it read anything undoes nothing of it,
+/// including the assignment a poll serves just before it returns the window's first
+/// record.
 #[derive(Default)]
 struct Reads {
     epoch: u64,
-    partitions: HashSet<(Arc<str>, i32)>,
+    partitions: HashMap<(Arc<str>, i32), i64>,
 }
 
 impl Reads {
-    fn read(&mut self, topic: &Arc<str>, partition: i32, moves: &Moves) {
+    fn read(&mut self, topic: &Arc<str>, receipt: &KafkaReceipt, moves: &Moves) {
         if self.partitions.is_empty() {
             self.epoch = moves.epoch();
         }
-        self.partitions.insert((Arc::clone(topic), partition));
+        let first = self
+            .partitions
+            .entry((Arc::clone(topic), receipt.partition))
+            .or_insert(receipt.offset);
+        *first = (*first).min(receipt.offset);
     }
 
     /// Partitions moved since the window first read.
@@ -264,8 +274,11 @@ impl Reads {
         moves.epoch() != self.epoch
     }
 
-    fn partitions(&self) -> impl Iterator<Item = (String, i32)> + '_ {
-        self.partitions.iter().map(|(t, p)| (t.to_string(), *p))
+    /// Each partition read, with the lowest offset read of it.
+    fn partitions(&self) -> impl Iterator<Item = (String, i32, i64)> + '_ {
+        self.partitions
+            .iter()
+            .map(|((t, p), first)| (t.to_string(), *p, *first))
     }
 
     /// A new window: it has read nothing.
@@ -273,6 +286,13 @@ impl Reads {
         self.partitions.clear();
         self.epoch = moves.epoch();
     }
+}
+
+/// How many times a window's abort is tried when the broker's answer is retriable.
+const ABORT_TRIES: u32 = 3;
+
+fn retriable(error: &rdkafka::error::KafkaError) -> bool {
+    matches!(error, rdkafka::error::KafkaError::Transaction(e) if e.is_retriable())
 }
 
 /// A parked delivery: its partition's place in the book, offset and generation.
@@ -302,29 +322,42 @@ fn commit(
     producer.begin_transaction()
 }
 
+/// Aborts the open transaction and seeks each partition the window read back to the
+/// group's committed position, or, where the group has none or the broker does not say,
+/// to the first record the window read of it (never to the beginning: a group that
+/// started at the latest record, or whose committed read failed, would read history).
 fn abort_and_rewind(
     producer: &FutureProducer<KafkaContext>,
     consumer: &Consumer_,
-    read: &[(String, i32)],
+    read: &[(String, i32, i64)],
 ) -> Closed {
-    if let Err(e) = producer.abort_transaction(TRANSACTION_TIMEOUT) {
-        if fenced(&e) {
-            return Closed::Fenced(e.to_string());
+    // librdkafka: an abort that fails with a retriable error (a timeout) may be called again;
+    // giving up at once would leave the transaction open and the next begin refused.
+    for tries in 1.. {
+        match producer.abort_transaction(TRANSACTION_TIMEOUT) {
+            Ok(()) => break,
+            Err(e) if fenced(&e) => return Closed::Fenced(e.to_string()),
+            Err(e) if retriable(&e) && tries < ABORT_TRIES => {
+                tracing::warn!(error = %e, tries, "abort_transaction failed; trying again");
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "abort_transaction failed");
+                break;
+            }
         }
-        tracing::warn!(error = %e, "abort_transaction failed");
     }
     let mut list = TopicPartitionList::new();
-    for (topic, partition) in read {
+    for (topic, partition, _) in read {
         list.add_partition(topic, *partition);
     }
     let committed = consumer.committed_offsets(list, TRANSACTION_TIMEOUT).ok();
-    for (topic, partition) in read {
+    for (topic, partition, first) in read {
         let offset = committed
             .as_ref()
             .and_then(|c| c.find_partition(topic, *partition))
             .map(|e| e.offset())
             .filter(|o| matches!(o, Offset::Offset(_)))
-            .unwrap_or(Offset::Beginning);
+            .unwrap_or(Offset::Offset(*first));
         if let Err(e) = consumer.seek(topic, *partition, offset, TRANSACTION_TIMEOUT) {
             tracing::warn!(topic, partition, error = %e, "rewinding after an abort failed");
         }
@@ -343,13 +376,22 @@ mod tests {
         moves.moved([("orders".to_owned(), 0)].into_iter());
     }
 
+    fn at(offset: i64) -> KafkaReceipt {
+        KafkaReceipt {
+            slot: 0,
+            partition: 0,
+            offset,
+            generation: 0,
+        }
+    }
+
     #[test]
     fn k6_an_assignment_served_by_the_poll_that_gave_the_first_record_dooms_nothing() {
         let (moves, topic) = (Moves::default(), Arc::from("orders"));
         let mut reads = Reads::default();
         // The poll serves the assignment, then returns the window's first record.
         moved(&moves);
-        reads.read(&topic, 0, &moves);
+        reads.read(&topic, &at(0), &moves);
         assert!(
             !reads.moved_since(&moves),
             "nothing was read before the move"
@@ -360,9 +402,9 @@ mod tests {
     fn k6_a_move_after_the_window_read_dooms_it_until_a_new_window() {
         let (moves, topic) = (Moves::default(), Arc::from("orders"));
         let mut reads = Reads::default();
-        reads.read(&topic, 0, &moves);
+        reads.read(&topic, &at(0), &moves);
         moved(&moves);
-        reads.read(&topic, 0, &moves);
+        reads.read(&topic, &at(0), &moves);
         assert!(
             reads.moved_since(&moves),
             "read before the move: read again"
@@ -377,5 +419,17 @@ mod tests {
             !reads.moved_since(&moves),
             "a move while it read nothing undoes nothing"
         );
+    }
+
+    #[test]
+    fn k6_an_abort_without_a_committed_position_rewinds_to_the_first_record_read() {
+        let (moves, topic) = (Moves::default(), Arc::from("orders"));
+        let mut reads = Reads::default();
+        // Read in the window, and a parked original from before it settled in it.
+        reads.read(&topic, &at(7), &moves);
+        reads.read(&topic, &at(9), &moves);
+        reads.read(&topic, &at(4), &moves);
+        let read: Vec<_> = reads.partitions().collect();
+        assert_eq!(read, vec![("orders".to_owned(), 0, 4)]);
     }
 }

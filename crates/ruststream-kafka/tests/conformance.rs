@@ -94,7 +94,7 @@ mod auto {
 
 /// Every scenario: with a declaration, retries and dead letters are copies produced
 /// inside the window's transaction (K7), so nothing aborts; K6's abort-and-reread is
-/// checked in `eos.rs`.
+/// checked in `tests/eos/`.
 mod transactional {
     async fn bed() -> super::Topics {
         super::Topics {

@@ -1,0 +1,178 @@
+//! K6: where an aborted window is read again from.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ruststream::{App, Delivery, HandlerOutcome, Headers, Publisher, on};
+use ruststream_core::StartAt;
+use ruststream_kafka::EosPipeline;
+
+use crate::common::{committed_becomes, create_topic, kafka, produce, unique};
+use crate::support::{start, transactional};
+
+/// A group that started at the latest record and aborts its first window has no
+/// committed position to go back to: the window is read again from its own first record,
+/// not from the topic's beginning.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn k6_an_abort_before_any_commit_reads_again_from_the_windows_first_record() {
+    let kafka = kafka().await;
+    let (input, output, group) = (unique("eos-first-in"), unique("eos-first-out"), unique("g"));
+    create_topic(&input, 1).await;
+    create_topic(&output, 1).await;
+    for old in ["old-0", "old-1", "old-2"] {
+        produce(&kafka, &input, None, old.as_bytes(), &Headers::new()).await;
+    }
+    // A long interval: the probe and the retried record share the first window.
+    let pipeline = EosPipeline::new(&kafka, unique("tx")).commit_interval(Duration::from_secs(5));
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let (log, out) = (Arc::clone(&seen), output.clone());
+    let handler = move |d: Delivery, publisher: Publisher| {
+        let (log, out) = (Arc::clone(&log), out.clone());
+        async move {
+            let payload = String::from_utf8_lossy(d.payload()).into_owned();
+            let first = {
+                let mut log = log.lock().unwrap();
+                log.push(payload.clone());
+                log.iter().filter(|p| **p == payload).count() == 1
+            };
+            if publisher
+                .to(&out)
+                .send_bytes(payload.clone())
+                .await
+                .is_err()
+            {
+                return HandlerOutcome::retry();
+            }
+            if payload == "retried" && first {
+                // Aborts the window.
+                return HandlerOutcome::retry();
+            }
+            HandlerOutcome::ack()
+        }
+    };
+    let app = start(App::new().register(on(
+        transactional(&kafka, &input, &group, &pipeline).start_at(StartAt::Latest),
+        handler,
+    )))
+    .await;
+    // Probes until one is read: the group has taken its partition at the latest record.
+    let mut probes: i64 = 0;
+    while !seen.lock().unwrap().iter().any(|p| p.starts_with("probe")) {
+        assert!(probes < 60, "no probe read in 30 s");
+        produce(
+            &kafka,
+            &input,
+            None,
+            format!("probe-{probes}").as_bytes(),
+            &Headers::new(),
+        )
+        .await;
+        probes += 1;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    produce(&kafka, &input, None, b"retried", &Headers::new()).await;
+    let end = 3 + probes + 1;
+    committed_becomes(&group, &input, 0, end, Duration::from_secs(60)).await;
+    app.stop().await;
+    let seen = seen.lock().unwrap().clone();
+    assert!(
+        seen.iter().filter(|p| *p == "retried").count() >= 2,
+        "the window was aborted and read again: {seen:?}"
+    );
+    assert!(
+        !seen.iter().any(|p| p.starts_with("old")),
+        "records before the group's start were read after the abort: {seen:?}"
+    );
+}
+
+/// A record waiting out `retry_after` was read in an earlier window; its copy is produced,
+/// and the record settled, in the window open when its wait ends. When that window
+/// aborts, the copy is undone, so the record is read again, though the window read
+/// nothing else of its partition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn k6_d2_an_abort_reads_again_a_delayed_original_that_settled_in_the_window() {
+    let kafka = kafka().await;
+    let (input, output, retries, group) = (
+        unique("eos-held-in"),
+        unique("eos-held-out"),
+        unique("eos-held-retries"),
+        unique("g"),
+    );
+    create_topic(&input, 2).await;
+    create_topic(&output, 1).await;
+    create_topic(&retries, 1).await;
+    let pipeline = EosPipeline::new(&kafka, unique("tx"));
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let (log, out) = (Arc::clone(&seen), output.clone());
+    let handler = move |d: Delivery, publisher: Publisher| {
+        let (log, out) = (Arc::clone(&log), out.clone());
+        async move {
+            let payload = String::from_utf8_lossy(d.payload()).into_owned();
+            let first = {
+                let mut log = log.lock().unwrap();
+                log.push(payload.clone());
+                log.iter().filter(|p| **p == payload).count() == 1
+            };
+            if publisher
+                .to(&out)
+                .send_bytes(payload.clone())
+                .await
+                .is_err()
+            {
+                return HandlerOutcome::retry();
+            }
+            match payload.as_str() {
+                "held" if first => HandlerOutcome::retry_after(Duration::from_secs(1)),
+                "aborting" if first => {
+                    // Running while the held record's copy is made: then aborts.
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    HandlerOutcome::retry()
+                }
+                _ => HandlerOutcome::ack(),
+            }
+        }
+    };
+    let app = start(
+        App::new().register(
+            on(transactional(&kafka, &input, &group, &pipeline), handler)
+                // Copies go where this subscription does not read (tansu shows aborted
+                // records to every reader).
+                .retry_to(retries.as_str())
+                .lanes(4),
+        ),
+    )
+    .await;
+    let send = |payload: &'static str, partition: i32| {
+        let (kafka, input) = (kafka.clone(), input.clone());
+        async move {
+            kafka
+                .publisher()
+                .send(
+                    &input,
+                    Some(payload.as_bytes()),
+                    &Headers::new(),
+                    payload.as_bytes(),
+                    Some(partition),
+                )
+                .await
+                .expect("produce");
+        }
+    };
+    send("held", 0).await;
+    send("closes-a-window", 1).await;
+    // The first window commits the second record; the held one keeps partition 0 back.
+    committed_becomes(&group, &input, 1, 1, Duration::from_secs(60)).await;
+    send("aborting", 1).await;
+    committed_becomes(&group, &input, 1, 2, Duration::from_secs(60)).await;
+    committed_becomes(&group, &input, 0, 1, Duration::from_secs(60)).await;
+    app.stop().await;
+    let seen = seen.lock().unwrap().clone();
+    assert!(
+        seen.iter().filter(|p| *p == "aborting").count() >= 2,
+        "the window aborted and was read again: {seen:?}"
+    );
+    assert!(
+        seen.iter().filter(|p| *p == "held").count() >= 2,
+        "the held record's copy was undone with the window, and the record not read again: {seen:?}"
+    );
+}
