@@ -16,6 +16,7 @@ use crate::in_flight::InFlight;
 use crate::ops::{Health, Metrics, Ops, Watch};
 use crate::registration::Registration;
 use crate::runtime::{Env, Mount, Observe};
+use crate::signals::Signals;
 use crate::state::StateMap;
 
 /// How long running handlers get to finish on stop, unless set.
@@ -359,31 +360,10 @@ impl App {
     /// INFO and above (or what `RUST_LOG` says) to standard error.
     pub async fn run(self) -> Result<(), StartError> {
         crate::logs::init_default();
-        self.start().await?.until_signal().await;
+        // Listening before the start: a signal while it starts, or just after, drains.
+        let signals = Signals::listen();
+        self.start().await?.until(signals).await;
         Ok(())
-    }
-}
-
-async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot listen for SIGTERM; only SIGINT stops the app");
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
     }
 }
 
@@ -424,16 +404,23 @@ impl Running {
     /// whatever the brokers do. A second SIGINT or SIGTERM during the drain ends the
     /// process at once (exit code 130), after logging at ERROR how many deliveries each
     /// registration leaves unsettled (SPEC G6).
+    ///
+    /// The signals are listened to from this call on; before it, one ends the process
+    /// without a drain. [`App::run`] listens from before the app starts.
     pub async fn until_signal(self) {
+        self.until(Signals::listen()).await;
+    }
+
+    async fn until(self, mut signals: Signals) {
         let mut stop = self.stop_tx.subscribe();
         tokio::select! {
-            () = shutdown_signal() => tracing::info!("stop signal received; draining"),
+            () = signals.recv() => tracing::info!("stop signal received; draining"),
             _ = stop.wait_for(|s| *s) => {}
         }
         let in_flight = self.in_flight.clone();
         tokio::select! {
             () = self.stop() => {}
-            () = shutdown_signal() => {
+            () = signals.recv() => {
                 // A registration's consumers (`consumers(n)`) are told as one.
                 let mut held: Vec<(&str, &str, usize)> = Vec::new();
                 for one in in_flight.iter().filter(|h| h.count() > 0) {

@@ -91,6 +91,7 @@ mod publisher;
 mod registration;
 mod runtime;
 mod seeded;
+mod signals;
 mod state;
 pub mod testing;
 mod trace_context;
