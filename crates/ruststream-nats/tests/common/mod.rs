@@ -65,8 +65,10 @@ impl OwnServer {
     }
 }
 
-/// Starts a nats-server of the test's own on a free port with `args`, from the binary the
+/// Starts a nats-server of the test's own on a port it picks itself, from the binary the
 /// test command installed (a missing one fails the test), and returns once it listens.
+/// (A port found free here could be taken by another test's server before this one
+/// binds it; the server would exit, and the other one answer in its place.)
 pub async fn own_server<A: AsRef<std::ffi::OsStr>>(args: &[A]) -> OwnServer {
     use std::time::{Duration, Instant};
     let binary =
@@ -76,20 +78,40 @@ pub async fn own_server<A: AsRef<std::ffi::OsStr>>(args: &[A]) -> OwnServer {
         "{} is missing: run the tests with scripts/test, which installs it",
         binary.display()
     );
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
-    let process = tokio::process::Command::new(&binary)
-        .args(["-a", "127.0.0.1", "-p", &port.to_string()])
+    let ports = std::env::temp_dir().join(unique("nats-ports"));
+    std::fs::create_dir_all(&ports).expect("a directory for the ports file");
+    let mut process = tokio::process::Command::new(&binary)
+        .args(["-a", "127.0.0.1", "-p", "-1", "--ports_file_dir"])
+        .arg(&ports)
         .args(args)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .kill_on_drop(true)
         .spawn()
         .expect("nats-server starts");
-    let address = format!("127.0.0.1:{port}");
+    // `<ports dir>/nats-server_<pid>.ports`: {"nats":["nats://127.0.0.1:<port>"], ...}
+    let file = ports.join(format!(
+        "nats-server_{}.ports",
+        process.id().expect("a pid")
+    ));
     let deadline = Instant::now() + Duration::from_secs(10);
+    let address = loop {
+        assert!(
+            process.try_wait().expect("the server's state").is_none(),
+            "nats-server exited at start"
+        );
+        let written = std::fs::read_to_string(&file).ok();
+        // The scheme is `tls` when the server asks for TLS.
+        let found = written
+            .and_then(|w| serde_json::from_str::<serde_json::Value>(&w).ok())
+            .and_then(|v| Some(v["nats"][0].as_str()?.split_once("://")?.1.to_owned()));
+        if let Some(address) = found {
+            break address;
+        }
+        assert!(Instant::now() < deadline, "nats-server did not listen");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let _ = std::fs::remove_dir_all(&ports);
     while tokio::net::TcpStream::connect(&address).await.is_err() {
         assert!(Instant::now() < deadline, "nats-server did not listen");
         tokio::time::sleep(Duration::from_millis(50)).await;
