@@ -534,7 +534,11 @@ impl Subscription for KafkaSubscription {
 
     async fn close(mut self) {
         self.store_settled();
-        if let (Some(window), Some(consumer)) = (self.window.take(), self.consumer.as_ref()) {
+        if let (Some(mut window), Some(consumer)) = (self.window.take(), self.consumer.as_ref()) {
+            // Records held early were counted as handed out but never ran: what finished
+            // in the window still commits (their offsets are not in it; they are read
+            // again).
+            window.never_ran(self.early.len());
             window
                 .finish(consumer, &self.book.moves, self.close_timeout)
                 .await;

@@ -97,6 +97,11 @@ impl Window {
         self.reads.read(topic, receipt, moves);
     }
 
+    /// `count` records handed out will not run (held early at a stop).
+    pub(crate) fn never_ran(&mut self, count: usize) {
+        self.in_flight = self.in_flight.saturating_sub(count);
+    }
+
     pub(crate) fn parked(&mut self, receipt: &KafkaReceipt) {
         if self.parked.insert(key(receipt)) {
             self.in_flight = self.in_flight.saturating_sub(1);
