@@ -220,6 +220,15 @@ pub trait Subscription: Send + 'static {
         std::future::pending()
     }
 
+    /// What the subscription must keep doing while a delivery it handed over waits for
+    /// its lane, when the runtime fetches nothing either (a slow handler ahead of a
+    /// backlog): JetStream keeps what its client pulled ahead alive, which would outwait
+    /// `ack_wait` in the client's buffer otherwise. Polled with the driver's context,
+    /// dropped when the lane frees. Must be cancel safe. Default: nothing (never returns).
+    fn while_waiting(&mut self) -> impl Future<Output = ()> + Send {
+        std::future::pending()
+    }
+
     /// Whether the connection this subscription reads through is up, for the app's
     /// readiness check, which calls it from any thread (off the async threads: it may
     /// block briefly). `None`: readiness goes by fetch errors alone.

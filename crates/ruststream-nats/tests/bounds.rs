@@ -308,3 +308,42 @@ async fn g5_jetstream_is_sent_no_more_than_max_in_flight_so_nothing_outwaits_ack
     assert_eq!(payloads.len(), sent as usize, "every message handled");
     assert_eq!(handled, sent as usize, "none handled twice");
 }
+
+/// The same with the defaults (`max_in_flight` 1,024, pull batch 200): the runtime holds
+/// one running delivery and one waiting for the lane, not `max_in_flight`, so what the
+/// client pulled ahead must not outwait its `ack_wait` either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g5_n1_jetstream_defaults_keep_what_was_pulled_ahead_from_outwaiting_ack_wait() {
+    let nats = nats().await;
+    let name = unique("G5JSDEF");
+    create_stream(&nats, &name, std::slice::from_ref(&name)).await;
+    let sent = 25u32;
+    for n in 0..sent {
+        nats.publisher()
+            .jetstream(&name, &Headers::new(), Bytes::from(n.to_string()), None)
+            .await
+            .expect("publish");
+    }
+    let script = Script::slow(Duration::from_millis(200), |_| HandlerOutcome::ack());
+    let app = App::new()
+        .register(on(
+            nats.consumer(&name, "slow")
+                .ack_wait(Duration::from_secs(1)),
+            handler(Arc::clone(&script)),
+        ))
+        .start()
+        .await
+        .expect("start");
+    eventually(Duration::from_secs(30), "every message handled", || {
+        script.count() >= sent as usize
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    app.stop().await;
+    let mut payloads: Vec<Vec<u8>> = script.calls().iter().map(|c| c.payload.to_vec()).collect();
+    let handled = payloads.len();
+    payloads.sort();
+    payloads.dedup();
+    assert_eq!(payloads.len(), sent as usize, "every message handled");
+    assert_eq!(handled, sent as usize, "none handled twice");
+}

@@ -291,6 +291,8 @@ impl Descriptor for JetStreamConsumer {
             in_progress,
             kept_alive: 0,
             keepalive,
+            read_ahead: std::collections::VecDeque::new(),
+            ahead_end: None,
         })
     }
 }

@@ -11,6 +11,7 @@ use futures_util::StreamExt;
 use ruststream_core::{
     AckError, Backlog, BacklogProbe, Delivery, LinkProbe, Settle, SubscribeError, Subscription,
 };
+use std::collections::VecDeque;
 use std::future::poll_fn;
 use std::ops::ControlFlow;
 use std::pin::pin;
@@ -42,6 +43,12 @@ pub struct JetStreamSubscription {
     /// settlement looks at the map only when there are some.
     pub(super) kept_alive: usize,
     pub(super) keepalive: Option<JoinHandle<()>>,
+    /// What the client pulled ahead, taken from its buffer while a delivery waited for
+    /// its lane and kept alive since (each under its keepalive tag): handed out first.
+    pub(super) read_ahead: VecDeque<(u64, async_nats::jetstream::Message)>,
+    /// The end (`None`) or error the client's stream gave while it was read ahead,
+    /// handed out after what was read.
+    pub(super) ahead_end: Option<Option<SubscribeError>>,
 }
 
 impl std::fmt::Debug for JetStreamSubscription {
@@ -98,6 +105,11 @@ impl JetStreamSubscription {
         cx: &mut Context<'_>,
         slot: &mut Delivery,
     ) -> Poll<Option<Result<Receipt, SubscribeError>>> {
+        if (!self.read_ahead.is_empty() || self.ahead_end.is_some())
+            && let Some(next) = self.take_ahead(slot)
+        {
+            return Poll::Ready(next);
+        }
         loop {
             let message = match std::task::ready!(self.messages.poll_next_unpin(cx)) {
                 None => return Poll::Ready(None),
@@ -106,9 +118,53 @@ impl JetStreamSubscription {
                     return Poll::Ready(Some(Err(SubscribeError::new(&*self.address, e))));
                 }
             };
-            if let Some(receipt) = self.fill(message, slot) {
+            self.tags += 1;
+            if let Some(receipt) = self.fill(message, slot, self.tags) {
                 return Poll::Ready(Some(Ok(receipt)));
             }
+        }
+    }
+
+    /// The first of what was read ahead, or the stream's end or error after it; `None`
+    /// when nothing is left of it.
+    #[cold]
+    fn take_ahead(
+        &mut self,
+        slot: &mut Delivery,
+    ) -> Option<Option<Result<Receipt, SubscribeError>>> {
+        while let Some((tag, message)) = self.read_ahead.pop_front() {
+            if let Some(receipt) = self.fill(message, slot, tag) {
+                return Some(Some(Ok(receipt)));
+            }
+            self.forget_kept_alive(tag);
+        }
+        self.ahead_end.take().map(|end| end.map(Err))
+    }
+
+    /// Takes what the client has in its buffer now, each kept alive from now on (with
+    /// no limit, as a delivery waiting for its lane), until its buffer is empty: the
+    /// client's pull goes on meanwhile, woken by the driver's context.
+    fn read_ahead_now(&mut self, cx: &mut Context<'_>) {
+        while self.ahead_end.is_none() {
+            let message = match self.messages.poll_next_unpin(cx) {
+                Poll::Pending => return,
+                Poll::Ready(None) => {
+                    self.ahead_end = Some(None);
+                    return;
+                }
+                Poll::Ready(Some(Err(e))) => {
+                    self.ahead_end = Some(Some(SubscribeError::new(&*self.address, e)));
+                    return;
+                }
+                Poll::Ready(Some(Ok(message))) => message,
+            };
+            self.tags += 1;
+            let tag = self.tags;
+            // One without a reply subject is skipped (and said) when it is handed out.
+            if let Some(reply) = message.message.reply.clone() {
+                self.keep_alive(&(tag, reply), false);
+            }
+            self.read_ahead.push_back((tag, message));
         }
     }
 
@@ -132,6 +188,7 @@ impl JetStreamSubscription {
         &mut self,
         message: async_nats::jetstream::Message,
         slot: &mut Delivery,
+        tag: u64,
     ) -> Option<Receipt> {
         // Taken apart at once: the client's message is large, and every move of it is a
         // copy.
@@ -176,9 +233,8 @@ impl JetStreamSubscription {
         if headers.is_some() {
             slot.set_headers(from_nats(headers.as_ref()));
         }
-        // The keepalive's key for it (the consumer sequence would need the numbers).
-        self.tags += 1;
-        let tag = self.tags;
+        // `tag` is the keepalive's key for it (the consumer sequence would need the
+        // numbers).
         Some((tag, reply))
     }
 }
@@ -262,6 +318,20 @@ impl Subscription for JetStreamSubscription {
 
     fn waiting(&mut self, receipt: &Receipt) {
         self.keep_alive(receipt, false);
+    }
+
+    /// The client goes on pulling ahead while a delivery waits for its lane, and what it
+    /// pulled would outwait `ack_wait` in its buffer: it is taken out and kept alive
+    /// (`+WPI`) until it is handed out (without the keepalive, nothing to do).
+    async fn while_waiting(&mut self) {
+        if self.in_progress.is_none() {
+            return std::future::pending().await;
+        }
+        poll_fn(|cx| {
+            self.read_ahead_now(cx);
+            Poll::Pending
+        })
+        .await
     }
 
     /// Its retry copy waits for a timer; the original, unsettled meanwhile, is kept alive.

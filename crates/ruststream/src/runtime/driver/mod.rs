@@ -18,8 +18,8 @@
 //!
 //! A pass looks, in this order, at: a lane that finished, a timer that ran, the stop
 //! signal, the cooperative budget, then the fetch (the next delivery when there is room,
-//! the subscription's idle upkeep at the bound, nothing while a fetched delivery waits
-//! for its lane). The first thing found is the pass's event. One ladder serves both
+//! the subscription's idle upkeep at the bound, its `while_waiting` upkeep while a
+//! fetched delivery waits for its lane). The first thing found is the pass's event. One ladder serves both
 //! cases: the common case, a backlog with every lane free and no timer set, takes the
 //! same ladder with the subscription's immediate fetch (`Subscription::next_now`) and
 //! runs delivery after delivery within one poll: fetched, started, polled once, settled

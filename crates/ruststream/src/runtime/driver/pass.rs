@@ -116,6 +116,7 @@ where
         let (subscription, slot) = (&mut self.subscription, self.slot.delivery_mut());
         let mut fetch = pin!(async move {
             if waiting {
+                subscription.while_waiting().await;
                 std::future::pending::<()>().await;
             }
             if room {
