@@ -156,21 +156,23 @@ async fn call<S: CallBatch>(
     members: &Arc<Members>,
     refused: &mut Refused,
 ) -> Result<BatchOutcome, Ended> {
-    match shared.service.call_batch(members, refused) {
+    // Decoding and extracting run in the call's first poll, inside the catch and the
+    // deadline: a codec or extractor that panics fails the batch as its handler's panic
+    // would (E2), instead of ending the registration's driver.
+    let future = pin!(CatchUnwind(pin!(async {
+        let call = shared.service.call_batch(members, refused)?;
+        if let Some(metrics) = &shared.metrics {
+            metrics.observe_batch(members.0.len() - refused.len());
+        }
+        Some(call.await)
+    })));
+    match lane::within_deadline(shared, future).await {
         // Nothing decoded, so no call (never an empty batch): every one is refused, and
         // this outcome is never read.
-        None => Ok(BatchOutcome::ack_all()),
-        Some(call) => {
-            if let Some(metrics) = &shared.metrics {
-                metrics.observe_batch(members.0.len() - refused.len());
-            }
-            let future = pin!(CatchUnwind(pin!(call)));
-            match lane::within_deadline(shared, future).await {
-                Ok(Ok(outcome)) => Ok(outcome),
-                Ok(Err(completion)) => Err((completion, None)),
-                Err(failed) => Err(failed),
-            }
-        }
+        Ok(None) => Ok(BatchOutcome::ack_all()),
+        Ok(Some(Ok(outcome))) => Ok(outcome),
+        Ok(Some(Err(completion))) => Err((completion, None)),
+        Err(failed) => Err(failed),
     }
 }
 

@@ -151,3 +151,43 @@ async fn e2_a_panic_while_extracting_is_a_failed_attempt_too() {
     );
     test.stop().await;
 }
+
+/// A value whose decoding panics the first time (a codec or `Deserialize` impl with a
+/// bug in it).
+struct Touchy;
+
+static DECODES: AtomicUsize = AtomicUsize::new(0);
+static BATCHED: AtomicUsize = AtomicUsize::new(0);
+
+impl<'de> serde::Deserialize<'de> for Touchy {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let _ = <serde::de::IgnoredAny as serde::Deserialize>::deserialize(d)?;
+        assert!(DECODES.fetch_add(1, Ordering::SeqCst) != 0, "decoder boom");
+        Ok(Self)
+    }
+}
+
+async fn takes_touchy(batch: ruststream::batch::Batch<Touchy>) -> ruststream::BatchOutcome {
+    BATCHED.fetch_add(batch.len(), Ordering::SeqCst);
+    ruststream::BatchOutcome::ack_all()
+}
+
+/// A batch's values are decoded before its handler runs: a panic there fails the batch
+/// as a panic in the handler would, and the registration goes on.
+#[tokio::test(start_paused = true)]
+async fn e2_a_panic_while_decoding_a_batch_is_a_failed_attempt_too() {
+    let broker = MemoryBroker::recording();
+    let app = App::new().register(ruststream::on_batch(broker.topic("orders"), takes_touchy));
+    let test = TestApp::recording(app, &broker).await.unwrap();
+    test.publish("orders", &order(1)).await;
+    tokio::time::timeout(std::time::Duration::from_secs(60), test.settled())
+        .await
+        .expect("settled: the registration went on after the panic");
+    assert_eq!(
+        DECODES.load(Ordering::SeqCst),
+        2,
+        "decoded again on its retry"
+    );
+    assert_eq!(BATCHED.load(Ordering::SeqCst), 1, "handled once it decoded");
+    test.stop().await;
+}
