@@ -142,6 +142,72 @@ async fn g3_s6_a_dead_letter_redis_refuses_leaves_the_entry_pending() {
     assert_eq!(script.count(), 1, "the handler never runs past the cap");
 }
 
+/// While one entry's dead letter is refused, other entries of the stream are handled as
+/// usual: the memory of the refusal names that entry alone (its whole id: entries of
+/// different milliseconds share their sequence part, mostly 0).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g3_s6_a_refused_dead_letter_sends_no_other_entry_to_it() {
+    let redis = redis().await;
+    let (key, dead) = (stream("g3-others"), stream("g3-others-dead"));
+    let mut connection = redis.connection();
+    let () = query(
+        &mut connection,
+        redis::cmd("SET").arg(&dead).arg("a string"),
+    )
+    .await;
+    add(&redis, &key, b"capped").await;
+    let script = Script::new(|d| {
+        if &d.payload()[..] == b"capped" {
+            HandlerOutcome::retry()
+        } else {
+            HandlerOutcome::ack()
+        }
+    });
+    let running = App::new()
+        .register(
+            on(
+                redis
+                    .stream(&key, "g")
+                    .claim_timeout(Duration::from_millis(300)),
+                handler(Arc::clone(&script)),
+            )
+            .max_attempts(1)
+            .dead_letter(dead.as_str()),
+        )
+        .start()
+        .await
+        .expect("starts");
+    eventually(Duration::from_secs(10), "the capped one ran", || {
+        script.count() == 1
+    })
+    .await;
+    // Its dead letter refused, and tried again as it comes back: others come meanwhile.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for n in 0..3u8 {
+        add(&redis, &key, &[b'a' + n]).await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    eventually(Duration::from_secs(10), "the others handled", || {
+        script.count() == 4
+    })
+    .await;
+    let () = query(&mut connection, redis::cmd("DEL").arg(&dead)).await;
+    for _ in 0..100 {
+        let moved: usize = query(&mut connection, redis::cmd("XLEN").arg(&dead)).await;
+        if moved > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Anything else wrongly owed would follow it now.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    running.stop().await;
+    let moved_now: usize = query(&mut connection, redis::cmd("XLEN").arg(&dead)).await;
+    assert_eq!(moved_now, 1, "only the capped entry is dead-lettered");
+    assert_eq!(pending(&redis, &key, "g").await, 0, "all acknowledged");
+    assert_eq!(script.count(), 4, "each ran once: {:?}", script.calls());
+}
+
 /// A dead letter's fields: those stored with the original, and those the runtime added
 /// (`x-ruststream-dead-letter-*`, SPEC D6).
 fn said(fields: &Fields) -> (Fields, Fields) {
