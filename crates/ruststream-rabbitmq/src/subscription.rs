@@ -254,7 +254,7 @@ impl RabbitSubscription {
         let attempt = if self.quorum {
             // The broker's count of earlier deliveries (absent on the first).
             let before = number(table, "x-delivery-count").unwrap_or(0);
-            Attempt::from_broker(u32::try_from(before).unwrap_or(u32::MAX - 1) + 1)
+            Attempt::from_broker(u32::try_from(before).unwrap_or(u32::MAX).saturating_add(1))
         } else {
             let (attempt, malformed) = Attempt::from_headers(&headers);
             if let Some(e) = malformed {
