@@ -266,8 +266,11 @@ async fn g5_jetstream_in_flight_reaches_max_in_flight_and_stays() {
     app.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn g5_jetstream_is_sent_no_more_than_max_in_flight_so_nothing_outwaits_ack_wait() {
+/// 25 messages to one lane of 200 ms handlers behind a 1 s `ack_wait`: the last starts
+/// after 5 s. Any delivery waiting in the client's buffer (pulled, not yet taken by the
+/// runtime) and not kept alive would outwait its `ack_wait` and come again. Each is
+/// handled once, with `max_in_flight` as given (`None`: the default).
+async fn one_slow_lane_handles_each_once(max_in_flight: Option<usize>) {
     let nats = nats().await;
     let name = unique("G5JS");
     create_stream(&nats, &name, std::slice::from_ref(&name)).await;
@@ -278,20 +281,18 @@ async fn g5_jetstream_is_sent_no_more_than_max_in_flight_so_nothing_outwaits_ack
             .await
             .expect("publish");
     }
-    // One lane of 200 ms handlers behind a 1 s ack_wait: the last of 25 starts after 5 s.
-    // Any delivery waiting in the client's buffer (pulled, not yet taken by the runtime)
-    // would outwait its ack_wait and come again.
     let script = Script::slow(Duration::from_millis(200), |_| HandlerOutcome::ack());
+    let mut registration = on(
+        nats.consumer(&name, "slow")
+            .ack_wait(Duration::from_secs(1)),
+        handler(Arc::clone(&script)),
+    )
+    .lanes(1);
+    if let Some(most) = max_in_flight {
+        registration = registration.max_in_flight(most);
+    }
     let app = App::new()
-        .register(
-            on(
-                nats.consumer(&name, "slow")
-                    .ack_wait(Duration::from_secs(1)),
-                handler(Arc::clone(&script)),
-            )
-            .lanes(1)
-            .max_in_flight(4),
-        )
+        .register(registration)
         .start()
         .await
         .expect("start");
@@ -309,41 +310,15 @@ async fn g5_jetstream_is_sent_no_more_than_max_in_flight_so_nothing_outwaits_ack
     assert_eq!(handled, sent as usize, "none handled twice");
 }
 
-/// The same with the defaults (`max_in_flight` 1,024, pull batch 200): the runtime holds
-/// one running delivery and one waiting for the lane, not `max_in_flight`, so what the
-/// client pulled ahead must not outwait its `ack_wait` either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g5_jetstream_is_sent_no_more_than_max_in_flight_so_nothing_outwaits_ack_wait() {
+    one_slow_lane_handles_each_once(Some(4)).await;
+}
+
+/// With the defaults (`max_in_flight` 1,024, pull batch 200) the runtime holds one
+/// running delivery and one waiting for the lane, not `max_in_flight`: what the client
+/// pulled ahead is kept alive meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn g5_n1_jetstream_defaults_keep_what_was_pulled_ahead_from_outwaiting_ack_wait() {
-    let nats = nats().await;
-    let name = unique("G5JSDEF");
-    create_stream(&nats, &name, std::slice::from_ref(&name)).await;
-    let sent = 25u32;
-    for n in 0..sent {
-        nats.publisher()
-            .jetstream(&name, &Headers::new(), Bytes::from(n.to_string()), None)
-            .await
-            .expect("publish");
-    }
-    let script = Script::slow(Duration::from_millis(200), |_| HandlerOutcome::ack());
-    let app = App::new()
-        .register(on(
-            nats.consumer(&name, "slow")
-                .ack_wait(Duration::from_secs(1)),
-            handler(Arc::clone(&script)),
-        ))
-        .start()
-        .await
-        .expect("start");
-    eventually(Duration::from_secs(30), "every message handled", || {
-        script.count() >= sent as usize
-    })
-    .await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    app.stop().await;
-    let mut payloads: Vec<Vec<u8>> = script.calls().iter().map(|c| c.payload.to_vec()).collect();
-    let handled = payloads.len();
-    payloads.sort();
-    payloads.dedup();
-    assert_eq!(payloads.len(), sent as usize, "every message handled");
-    assert_eq!(handled, sent as usize, "none handled twice");
+    one_slow_lane_handles_each_once(None).await;
 }

@@ -1,5 +1,7 @@
 //! K6: where an aborted window is read again from.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -9,6 +11,45 @@ use ruststream_kafka::EosPipeline;
 
 use crate::common::{committed_becomes, create_topic, kafka, produce, unique};
 use crate::support::{start, transactional};
+
+/// What a test's handler answers for a payload (and whether it is its first run): after
+/// how long, and what.
+type Decide = fn(&str, bool) -> (Duration, HandlerOutcome);
+
+/// A handler that records each payload it is given, relays it to `output` through the
+/// pipeline, then answers as `decide` says.
+fn relaying(
+    output: String,
+    seen: Arc<Mutex<Vec<String>>>,
+    decide: Decide,
+) -> impl Fn(Delivery, Publisher) -> Pin<Box<dyn Future<Output = HandlerOutcome> + Send>>
++ Clone
++ Send
++ Sync
++ 'static {
+    move |d: Delivery, publisher: Publisher| {
+        let (log, out) = (Arc::clone(&seen), output.clone());
+        Box::pin(async move {
+            let payload = String::from_utf8_lossy(d.payload()).into_owned();
+            let first = {
+                let mut log = log.lock().unwrap();
+                log.push(payload.clone());
+                log.iter().filter(|p| **p == payload).count() == 1
+            };
+            if publisher
+                .to(&out)
+                .send_bytes(payload.clone())
+                .await
+                .is_err()
+            {
+                return HandlerOutcome::retry();
+            }
+            let (pause, outcome) = decide(&payload, first);
+            tokio::time::sleep(pause).await;
+            outcome
+        })
+    }
+}
 
 /// A group that started at the latest record and aborts its first window has no
 /// committed position to go back to: the window is read again from its own first record,
@@ -25,31 +66,15 @@ async fn k6_an_abort_before_any_commit_reads_again_from_the_windows_first_record
     // A long interval: the probe and the retried record share the first window.
     let pipeline = EosPipeline::new(&kafka, unique("tx")).commit_interval(Duration::from_secs(5));
     let seen: Arc<Mutex<Vec<String>>> = Arc::default();
-    let (log, out) = (Arc::clone(&seen), output.clone());
-    let handler = move |d: Delivery, publisher: Publisher| {
-        let (log, out) = (Arc::clone(&log), out.clone());
-        async move {
-            let payload = String::from_utf8_lossy(d.payload()).into_owned();
-            let first = {
-                let mut log = log.lock().unwrap();
-                log.push(payload.clone());
-                log.iter().filter(|p| **p == payload).count() == 1
-            };
-            if publisher
-                .to(&out)
-                .send_bytes(payload.clone())
-                .await
-                .is_err()
-            {
-                return HandlerOutcome::retry();
-            }
-            if payload == "retried" && first {
-                // Aborts the window.
-                return HandlerOutcome::retry();
-            }
+    let handler = relaying(output.clone(), Arc::clone(&seen), |payload, first| {
+        // The retried record aborts the window.
+        let outcome = if payload == "retried" && first {
+            HandlerOutcome::retry()
+        } else {
             HandlerOutcome::ack()
-        }
-    };
+        };
+        (Duration::ZERO, outcome)
+    });
     let app = start(App::new().register(on(
         transactional(&kafka, &input, &group, &pipeline).start_at(StartAt::Latest),
         handler,
@@ -103,35 +128,17 @@ async fn k6_d2_an_abort_reads_again_a_delayed_original_that_settled_in_the_windo
     create_topic(&retries, 1).await;
     let pipeline = EosPipeline::new(&kafka, unique("tx"));
     let seen: Arc<Mutex<Vec<String>>> = Arc::default();
-    let (log, out) = (Arc::clone(&seen), output.clone());
-    let handler = move |d: Delivery, publisher: Publisher| {
-        let (log, out) = (Arc::clone(&log), out.clone());
-        async move {
-            let payload = String::from_utf8_lossy(d.payload()).into_owned();
-            let first = {
-                let mut log = log.lock().unwrap();
-                log.push(payload.clone());
-                log.iter().filter(|p| **p == payload).count() == 1
-            };
-            if publisher
-                .to(&out)
-                .send_bytes(payload.clone())
-                .await
-                .is_err()
-            {
-                return HandlerOutcome::retry();
-            }
-            match payload.as_str() {
-                "held" if first => HandlerOutcome::retry_after(Duration::from_secs(1)),
-                "aborting" if first => {
-                    // Running while the held record's copy is made: then aborts.
-                    tokio::time::sleep(Duration::from_secs(2)).await;
-                    HandlerOutcome::retry()
-                }
-                _ => HandlerOutcome::ack(),
-            }
+    let handler = relaying(output.clone(), Arc::clone(&seen), |payload, first| {
+        match payload {
+            "held" if first => (
+                Duration::ZERO,
+                HandlerOutcome::retry_after(Duration::from_secs(1)),
+            ),
+            // Running while the held record's copy is made: then aborts.
+            "aborting" if first => (Duration::from_secs(2), HandlerOutcome::retry()),
+            _ => (Duration::ZERO, HandlerOutcome::ack()),
         }
-    };
+    });
     let app = start(
         App::new().register(
             on(transactional(&kafka, &input, &group, &pipeline), handler)
