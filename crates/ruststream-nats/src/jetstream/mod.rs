@@ -292,6 +292,9 @@ impl Descriptor for JetStreamConsumer {
             kept_alive: 0,
             keepalive,
             read_ahead: std::collections::VecDeque::new(),
+            // As many as the registration may hold: bounded even where `max_ack_pending`
+            // lets the server send more.
+            read_ahead_limit: declaration.max_in_flight.unwrap_or(self.batch).max(1),
             ahead_end: None,
         })
     }

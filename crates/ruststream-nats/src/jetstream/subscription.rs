@@ -46,6 +46,8 @@ pub struct JetStreamSubscription {
     /// What the client pulled ahead, taken from its buffer while a delivery waited for
     /// its lane and kept alive since (each under its keepalive tag): handed out first.
     pub(super) read_ahead: VecDeque<(u64, async_nats::jetstream::Message)>,
+    /// The most it holds; past it, what the client pulled stays in its buffer.
+    pub(super) read_ahead_limit: usize,
     /// The end (`None`) or error the client's stream gave while it was read ahead,
     /// handed out after what was read.
     pub(super) ahead_end: Option<Option<SubscribeError>>,
@@ -142,10 +144,11 @@ impl JetStreamSubscription {
     }
 
     /// Takes what the client has in its buffer now, each kept alive from now on (with
-    /// no limit, as a delivery waiting for its lane), until its buffer is empty: the
-    /// client's pull goes on meanwhile, woken by the driver's context.
+    /// no limit, as a delivery waiting for its lane), until its buffer is empty or the
+    /// read-ahead holds `max_in_flight`: the client's pull goes on meanwhile, woken by
+    /// the driver's context.
     fn read_ahead_now(&mut self, cx: &mut Context<'_>) {
-        while self.ahead_end.is_none() {
+        while self.ahead_end.is_none() && self.read_ahead.len() < self.read_ahead_limit {
             let message = match self.messages.poll_next_unpin(cx) {
                 Poll::Pending => return,
                 Poll::Ready(None) => {
