@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::common::redis;
-use ruststream::{App, HandlerOutcome, Message, on};
+use ruststream::{App, HandlerOutcome, Message, Running, on};
 use ruststream_core::{
     DEAD_LETTER_ATTEMPTS, DEAD_LETTER_ENTRY, DEAD_LETTER_PREFIX, DEAD_LETTER_REASON,
     DEAD_LETTER_SOURCE,
@@ -86,36 +86,62 @@ async fn s6_at_the_cap_the_entry_moves_to_the_dead_letter_stream_as_stored() {
     assert_eq!(pending(&redis, &key, "g").await, 0, "and acknowledged");
 }
 
-/// A dead letter Redis refuses as it runs the transaction (the dead-letter key holds a
-/// string: `WRONGTYPE`, which does not stop the rest of a `MULTI`) leaves the entry
-/// pending rather than acknowledged without its dead letter (G3, S6); once the key can
-/// take it, the entry comes back and is dead-lettered, the handler not run again.
+/// An app whose registration on `key` is capped at one attempt with its dead letters
+/// going to `dead`, which holds a string for now: Redis refuses every dead letter as it
+/// runs the transaction (`WRONGTYPE`, which does not stop the rest of a `MULTI`).
+async fn capped_while_dead_letters_are_refused(
+    redis: &ruststream_redis::Redis,
+    key: &str,
+    dead: &str,
+    script: &Arc<Script>,
+) -> Running {
+    let () = query(
+        &mut redis.connection(),
+        redis::cmd("SET").arg(dead).arg("a string"),
+    )
+    .await;
+    App::new()
+        .register(
+            on(
+                redis
+                    .stream(key, "g")
+                    .claim_timeout(Duration::from_millis(300)),
+                handler(Arc::clone(script)),
+            )
+            .max_attempts(1)
+            .dead_letter(dead),
+        )
+        .start()
+        .await
+        .expect("starts")
+}
+
+/// Lets `dead` take dead letters again and waits (5 s at most) for the first; how many
+/// it holds then.
+async fn dead_letters_let_in(redis: &ruststream_redis::Redis, dead: &str) -> usize {
+    let mut connection = redis.connection();
+    let () = query(&mut connection, redis::cmd("DEL").arg(dead)).await;
+    let mut moved = 0;
+    for _ in 0..100 {
+        moved = query(&mut connection, redis::cmd("XLEN").arg(dead)).await;
+        if moved > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    moved
+}
+
+/// A dead letter Redis refuses leaves the entry pending rather than acknowledged without
+/// its dead letter (G3, S6); once the key can take it, the entry comes back and is
+/// dead-lettered, the handler not run again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn g3_s6_a_dead_letter_redis_refuses_leaves_the_entry_pending() {
     let redis = redis().await;
     let (key, dead) = (stream("g3-refused"), stream("g3-refused-dead"));
-    let mut connection = redis.connection();
-    let () = query(
-        &mut connection,
-        redis::cmd("SET").arg(&dead).arg("a string"),
-    )
-    .await;
     add(&redis, &key, b"{\"id\":1}").await;
     let script = Script::new(|_| HandlerOutcome::retry());
-    let running = App::new()
-        .register(
-            on(
-                redis
-                    .stream(&key, "g")
-                    .claim_timeout(Duration::from_millis(300)),
-                handler(Arc::clone(&script)),
-            )
-            .max_attempts(1)
-            .dead_letter(dead.as_str()),
-        )
-        .start()
-        .await
-        .expect("starts");
+    let running = capped_while_dead_letters_are_refused(&redis, &key, &dead, &script).await;
     eventually(Duration::from_secs(10), "one attempt", || {
         script.count() == 1
     })
@@ -127,34 +153,20 @@ async fn g3_s6_a_dead_letter_redis_refuses_leaves_the_entry_pending() {
         1,
         "not acknowledged while its dead letter is refused"
     );
-    let () = query(&mut connection, redis::cmd("DEL").arg(&dead)).await;
-    let mut moved = 0;
-    for _ in 0..100 {
-        moved = query(&mut connection, redis::cmd("XLEN").arg(&dead)).await;
-        if moved > 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let moved = dead_letters_let_in(&redis, &dead).await;
     running.stop().await;
     assert_eq!(moved, 1, "dead-lettered once the key can take it");
     assert_eq!(pending(&redis, &key, "g").await, 0, "and acknowledged");
     assert_eq!(script.count(), 1, "the handler never runs past the cap");
 }
 
-/// While one entry's dead letter is refused, other entries of the stream are handled as
-/// usual: the memory of the refusal names that entry alone (its whole id: entries of
-/// different milliseconds share their sequence part, mostly 0).
+/// While one entry's dead letter is refused, other entries of the stream (whose ids share
+/// its sequence part, mostly 0) are handled as usual, and none follows it to the dead
+/// letter once the key takes it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn g3_s6_a_refused_dead_letter_sends_no_other_entry_to_it() {
     let redis = redis().await;
     let (key, dead) = (stream("g3-others"), stream("g3-others-dead"));
-    let mut connection = redis.connection();
-    let () = query(
-        &mut connection,
-        redis::cmd("SET").arg(&dead).arg("a string"),
-    )
-    .await;
     add(&redis, &key, b"capped").await;
     let script = Script::new(|d| {
         if &d.payload()[..] == b"capped" {
@@ -163,20 +175,7 @@ async fn g3_s6_a_refused_dead_letter_sends_no_other_entry_to_it() {
             HandlerOutcome::ack()
         }
     });
-    let running = App::new()
-        .register(
-            on(
-                redis
-                    .stream(&key, "g")
-                    .claim_timeout(Duration::from_millis(300)),
-                handler(Arc::clone(&script)),
-            )
-            .max_attempts(1)
-            .dead_letter(dead.as_str()),
-        )
-        .start()
-        .await
-        .expect("starts");
+    let running = capped_while_dead_letters_are_refused(&redis, &key, &dead, &script).await;
     eventually(Duration::from_secs(10), "the capped one ran", || {
         script.count() == 1
     })
@@ -191,19 +190,12 @@ async fn g3_s6_a_refused_dead_letter_sends_no_other_entry_to_it() {
         script.count() == 4
     })
     .await;
-    let () = query(&mut connection, redis::cmd("DEL").arg(&dead)).await;
-    for _ in 0..100 {
-        let moved: usize = query(&mut connection, redis::cmd("XLEN").arg(&dead)).await;
-        if moved > 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    assert_eq!(dead_letters_let_in(&redis, &dead).await, 1);
     // Anything else wrongly owed would follow it now.
     tokio::time::sleep(Duration::from_millis(500)).await;
     running.stop().await;
-    let moved_now: usize = query(&mut connection, redis::cmd("XLEN").arg(&dead)).await;
-    assert_eq!(moved_now, 1, "only the capped entry is dead-lettered");
+    let moved: usize = query(&mut redis.connection(), redis::cmd("XLEN").arg(&dead)).await;
+    assert_eq!(moved, 1, "only the capped entry is dead-lettered");
     assert_eq!(pending(&redis, &key, "g").await, 0, "all acknowledged");
     assert_eq!(script.count(), 4, "each ran once: {:?}", script.calls());
 }
