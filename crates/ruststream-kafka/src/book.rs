@@ -2,11 +2,12 @@
 //! assignment generation a receipt was read in (K5), and the list that stores a position.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 
 use rdkafka::TopicPartitionList;
 use rdkafka::error::{KafkaError, KafkaResult};
 
-use crate::context::Moves;
+use crate::context::{Moves, NOTHING};
 use crate::receipt::KafkaReceipt;
 use crate::tracker::OffsetTracker;
 
@@ -19,8 +20,9 @@ struct PartitionState {
     /// A one-partition list kept for storing its offset (`Commit::Tracked`): storing by
     /// topic name makes rdkafka build and free a native topic handle on every call.
     store: Option<TopicPartitionList>,
-    /// The offset to store at the next [`Book::store_due`] (where the group resumes).
-    due: Option<i64>,
+    /// The offset to store at the next [`Book::store_due`] (where the group resumes), or
+    /// [`NOTHING`]; shared with [`Moves`], where a revoke takes it.
+    due: Arc<AtomicI64>,
 }
 
 /// The subscription's bookkeeping, apart from the consumer: trackers per partition and
@@ -32,9 +34,24 @@ pub(crate) struct Book {
     partitions: Vec<PartitionState>,
     last: usize,
     seen_epoch: u64,
-    /// Some partition has an offset to store.
-    any_due: bool,
+    /// Settlements that moved a position since the last store.
+    unstored: u32,
 }
+
+/// When the book stores the settled positions (`Commit::Tracked`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum StoreWhen {
+    /// If [`UNDER_LOAD`] settlements moved a position since the last store: while records
+    /// keep coming, librdkafka's store (as dear as a record's whole fetch) is made once
+    /// for many of them.
+    Many,
+    /// If any did: the queue ran dry, the subscription waits at its bound, or it closes.
+    Any,
+}
+
+/// Settlements a store waits for while records keep coming. A crash reads up to this
+/// many more again than a store per settlement would; a revoke stores at once.
+pub(crate) const UNDER_LOAD: u32 = 64;
 
 impl Book {
     pub(crate) fn new(moves: Arc<Moves>) -> Self {
@@ -43,7 +60,7 @@ impl Book {
             partitions: Vec::new(),
             last: 0,
             seen_epoch: 0,
-            any_due: false,
+            unstored: 0,
         }
     }
 
@@ -65,7 +82,7 @@ impl Book {
                 state.tracker = OffsetTracker::new();
                 state.generation = generation;
                 // Its next reader starts from the committed offset (K5).
-                state.due = None;
+                state.due.store(NOTHING, Ordering::Relaxed);
             }
         }
     }
@@ -89,7 +106,7 @@ impl Book {
                     tracker: OffsetTracker::new(),
                     generation: self.moves.generation(topic, partition),
                     store: None,
-                    due: None,
+                    due: self.moves.unstored(topic, partition),
                 });
                 self.partitions.len() - 1
             }
@@ -140,22 +157,30 @@ impl Book {
     }
 
     /// Stores `resume_at` as the position of `receipt`'s partition at the next
-    /// [`store_due`](Self::store_due): a batch's settlements store once per partition.
+    /// [`store_due`](Self::store_due): many settlements store once per partition.
     #[inline]
     pub(crate) fn store_later(&mut self, receipt: &KafkaReceipt, resume_at: i64) {
-        self.partitions[receipt.slot].due = Some(resume_at);
-        self.any_due = true;
+        self.partitions[receipt.slot]
+            .due
+            .store(resume_at, Ordering::Relaxed);
+        self.unstored += 1;
     }
 
-    /// Stores every position settled since the last call, one call per partition;
-    /// `failed` hears of each that could not be stored (topic, partition, offset, why).
+    /// Stores every position settled since the last store, one call per partition, when
+    /// `when` says; `failed` hears of each that could not be stored (topic, partition,
+    /// offset, why).
     #[inline]
     pub(crate) fn store_due(
         &mut self,
+        when: StoreWhen,
         store: impl Fn(&TopicPartitionList) -> KafkaResult<()>,
         failed: impl Fn(&str, i32, i64, KafkaError),
     ) {
-        if self.any_due {
+        let at_least = match when {
+            StoreWhen::Many => UNDER_LOAD,
+            StoreWhen::Any => 1,
+        };
+        if self.unstored >= at_least {
             self.store_each(store, failed);
         }
     }
@@ -165,11 +190,14 @@ impl Book {
         store: impl Fn(&TopicPartitionList) -> KafkaResult<()>,
         failed: impl Fn(&str, i32, i64, KafkaError),
     ) {
-        self.any_due = false;
+        // A partition that moved since its settlement has nothing of ours to store (K5).
+        self.forget_moved_partitions();
+        self.unstored = 0;
         for state in &mut self.partitions {
-            let Some(resume_at) = state.due.take() else {
+            let resume_at = state.due.swap(NOTHING, Ordering::Relaxed);
+            if resume_at == NOTHING {
                 continue;
-            };
+            }
             let list = state.store.get_or_insert_with(|| {
                 let mut list = TopicPartitionList::with_capacity(1);
                 list.add_partition(&state.topic, state.partition);
@@ -225,6 +253,77 @@ mod tests {
         let again = book.delivered(&topic, 0, 0, true);
         assert_eq!(book.settled(&again), Some(0));
         assert_eq!(book.settled(&early[2]), None);
+    }
+
+    /// The offsets each call of `store_due` stored, in order.
+    fn stored_by(book: &mut Book, when: StoreWhen) -> Vec<i64> {
+        let stored = std::cell::RefCell::new(Vec::new());
+        book.store_due(
+            when,
+            |list| {
+                for element in list.elements() {
+                    if let rdkafka::Offset::Offset(offset) = element.offset() {
+                        stored.borrow_mut().push(offset);
+                    }
+                }
+                Ok(())
+            },
+            |topic, partition, offset, e| panic!("{topic}/{partition} at {offset}: {e}"),
+        );
+        stored.into_inner()
+    }
+
+    /// Settles offsets `range` on partition 0 of `topic`, one after the other.
+    fn settle_each(book: &mut Book, topic: &Arc<str>, range: std::ops::Range<i64>) {
+        for offset in range {
+            let receipt = book.delivered(topic, 0, offset, true);
+            let position = book.settled(&receipt).expect("the lowest running settled");
+            book.store_later(&receipt, position + 1);
+        }
+    }
+
+    #[test]
+    fn k3_under_load_one_store_serves_many_settlements_and_a_revoke_takes_what_waits() {
+        let moves = Arc::new(Moves::default());
+        let mut book = Book::new(Arc::clone(&moves));
+        let topic: Arc<str> = Arc::from("orders");
+        settle_each(&mut book, &topic, 0..10);
+        assert!(stored_by(&mut book, StoreWhen::Many).is_empty(), "10 wait");
+        // The partition is revoked: the revoke takes the waiting position to store it.
+        let mut revoked = TopicPartitionList::new();
+        revoked.add_partition("orders", 0);
+        let due = moves.take_unstored(&revoked);
+        let element = due
+            .find_partition("orders", 0)
+            .expect("the position waited");
+        assert_eq!(element.offset(), rdkafka::Offset::Offset(10));
+        assert!(
+            stored_by(&mut book, StoreWhen::Any).is_empty(),
+            "taken once"
+        );
+        settle_each(&mut book, &topic, 10..10 + i64::from(UNDER_LOAD));
+        assert_eq!(
+            stored_by(&mut book, StoreWhen::Many),
+            vec![10 + i64::from(UNDER_LOAD)],
+            "one store, at the last position"
+        );
+        settle_each(&mut book, &topic, 74..75);
+        assert_eq!(
+            stored_by(&mut book, StoreWhen::Any),
+            vec![75],
+            "the queue ran dry"
+        );
+    }
+
+    #[test]
+    fn k5_a_position_waiting_to_be_stored_is_dropped_when_its_partition_moves() {
+        let moves = Arc::new(Moves::default());
+        let mut book = Book::new(Arc::clone(&moves));
+        let topic: Arc<str> = Arc::from("orders");
+        settle_each(&mut book, &topic, 0..3);
+        // Lost rather than revoked (no revoke took it): its next reader decides.
+        moves.moved([("orders".to_owned(), 0)].into_iter());
+        assert!(stored_by(&mut book, StoreWhen::Any).is_empty());
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Rebalance bookkeeping shared by librdkafka's callbacks and the subscription (K5).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -9,18 +9,32 @@ use rdkafka::ClientContext;
 use rdkafka::TopicPartitionList;
 use rdkafka::client::OAuthToken;
 use rdkafka::config::RDKafkaLogLevel;
-use rdkafka::consumer::{BaseConsumer, ConsumerContext, Rebalance};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::{KafkaError, KafkaResult};
 
 use crate::security::OAuthBearer;
 
 /// Counts partition moves: every assign or revoke of a partition raises its generation,
-/// and any move raises the epoch, which the subscription checks cheaply per record.
+/// and any move raises the epoch, which the subscription checks cheaply per record. Also
+/// where a revoke finds the positions settled but not stored yet (`Commit::Tracked`).
 #[derive(Debug, Default)]
 pub(crate) struct Moves {
     epoch: AtomicU64,
     generations: Mutex<HashMap<(String, i32), u64>>,
+    unstored: Mutex<Vec<Unstored>>,
 }
+
+/// Where the group is to resume a partition, settled but not stored yet: [`NOTHING`], or
+/// the offset. Written by the subscription, taken by it when it stores, or by a revoke.
+#[derive(Debug)]
+struct Unstored {
+    topic: Arc<str>,
+    partition: i32,
+    resume_at: Arc<AtomicI64>,
+}
+
+/// An [`Unstored`] cell's value when nothing waits to be stored.
+pub(crate) const NOTHING: i64 = -1;
 
 impl Moves {
     #[inline]
@@ -47,6 +61,42 @@ impl Moves {
         }
         drop(generations);
         self.epoch.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// The cell where `topic`/`partition`'s position waits to be stored.
+    pub(crate) fn unstored(&self, topic: &Arc<str>, partition: i32) -> Arc<AtomicI64> {
+        let resume_at = Arc::new(AtomicI64::new(NOTHING));
+        self.unstored
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Unstored {
+                topic: Arc::clone(topic),
+                partition,
+                resume_at: Arc::clone(&resume_at),
+            });
+        resume_at
+    }
+
+    /// Takes the positions waiting to be stored of the partitions in `revoked`: the
+    /// revoke stores them before librdkafka commits the partitions away.
+    pub(crate) fn take_unstored(&self, revoked: &TopicPartitionList) -> TopicPartitionList {
+        let mut due = TopicPartitionList::new();
+        let unstored = self.unstored.lock().unwrap_or_else(PoisonError::into_inner);
+        for cell in unstored.iter() {
+            if revoked
+                .find_partition(&cell.topic, cell.partition)
+                .is_none()
+            {
+                continue;
+            }
+            let resume_at = cell.resume_at.swap(NOTHING, Ordering::Relaxed);
+            if resume_at != NOTHING {
+                let offset = rdkafka::Offset::Offset(resume_at);
+                // Only an invalid offset is refused, and this one is not.
+                let _ = due.add_partition_offset(&cell.topic, cell.partition, offset);
+            }
+        }
+        due
     }
 }
 
@@ -246,12 +296,27 @@ impl ClientContext for TrackingContext {
     }
 }
 
+impl TrackingContext {
+    /// Stores the positions settled but not stored yet on the partitions `revoked`, so
+    /// the commit librdkafka makes as it lets them go includes them (K3): the next
+    /// reader starts after everything that finished here.
+    fn store_before_revoke(&self, consumer: &BaseConsumer<Self>, revoked: &TopicPartitionList) {
+        let due = self.moves.take_unstored(revoked);
+        if due.count() == 0 {
+            return;
+        }
+        if let Err(error) = consumer.store_offsets(&due) {
+            tracing::warn!(%error, "storing the settled positions of revoked partitions failed; their next reader may read those records again");
+        }
+    }
+}
+
 impl ConsumerContext for TrackingContext {
     fn commit_callback(&self, _result: KafkaResult<()>, _offsets: &TopicPartitionList) {
         self.serving();
     }
 
-    fn pre_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         self.serving();
         let list = match rebalance {
             Rebalance::Assign(list) | Rebalance::Revoke(list) => list,
@@ -261,6 +326,7 @@ impl ConsumerContext for TrackingContext {
             }
         };
         if let Rebalance::Revoke(_) = rebalance {
+            self.store_before_revoke(consumer, list);
             tracing::info!(
                 partitions = list.count(),
                 "partitions revoked; their tracked state is discarded"

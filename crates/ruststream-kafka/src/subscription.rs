@@ -17,7 +17,7 @@ use ruststream_core::{
 };
 use yoke::Yoke;
 
-use crate::book::Book;
+use crate::book::{Book, StoreWhen};
 use crate::close::off_runtime;
 use crate::config::Mode;
 use crate::queue::{self, Borrowed, Consumer_, NotNow, Record, Wakeup, headers_of, record_now};
@@ -373,17 +373,20 @@ impl KafkaSubscription {
         }
     }
 
-    /// Stores the positions settled since the last poll (`Commit::Tracked`), before the
-    /// consumer is polled again (a rebalance runs inside a poll, and its commit must see
-    /// them) and before it closes. A failure is logged: the records after the last
-    /// stored position are read again by the partition's next reader (at least once).
+    /// Stores the positions settled since the last store (`Commit::Tracked`) when `when`
+    /// says: before the next record while records keep coming, once for many of them;
+    /// when the queue runs dry, at the bound and at close, whatever settled. A revoke
+    /// stores its partitions' at once (in the consumer's context, inside the poll that
+    /// serves it), so its commit sees them. A failure is logged: the records after the
+    /// last stored position are read again by the partition's next reader (at least once).
     #[inline]
-    fn store_settled(&mut self) {
+    fn store_settled(&mut self, when: StoreWhen) {
         let Some(consumer) = self.consumer.as_ref() else {
             return;
         };
         let address = &*self.address;
         self.book.store_due(
+            when,
             |list| consumer.store_offsets(list),
             |topic, partition, offset, error| {
                 tracing::warn!(
@@ -463,7 +466,7 @@ impl Subscription for KafkaSubscription {
             return Poll::Ready(None);
         };
         let consumer = Arc::clone(consumer);
-        self.store_settled();
+        self.store_settled(StoreWhen::Many);
         if !self.early.is_empty() {
             return Poll::Ready(self.hand_out_early(slot).map(Ok));
         }
@@ -481,7 +484,11 @@ impl Subscription for KafkaSubscription {
                 Poll::Ready(Some(Ok(self.held_over(record, slot))))
             }
             Err(NotNow::Failed(e)) => Poll::Ready(Some(Err(self.failed(e)))),
-            Err(NotNow::Empty) => Poll::Pending,
+            Err(NotNow::Empty) => {
+                // Nothing more to read now: what settled is stored before the wait.
+                self.store_settled(StoreWhen::Any);
+                Poll::Pending
+            }
         }
     }
 
@@ -511,7 +518,7 @@ impl Subscription for KafkaSubscription {
             // hold records without bound, until deliveries settle.
             return std::future::pending().await;
         }
-        self.store_settled();
+        self.store_settled(StoreWhen::Any);
         self.pause(&consumer);
         match self.poll(&consumer).await {
             // From a partition assigned since the last pause (paused next round), or one
@@ -526,6 +533,14 @@ impl Subscription for KafkaSubscription {
         }
     }
 
+    /// The consumer is not polled while a delivery waits for its lane: what settled
+    /// meanwhile is stored now, not when the lane frees (a slow handler can hold it for
+    /// its whole deadline).
+    async fn while_waiting(&mut self) {
+        self.store_settled(StoreWhen::Any);
+        std::future::pending().await
+    }
+
     fn parked(&mut self, receipt: &KafkaReceipt) {
         if let Some(window) = &mut self.window {
             window.parked(receipt);
@@ -533,7 +548,7 @@ impl Subscription for KafkaSubscription {
     }
 
     async fn close(mut self) {
-        self.store_settled();
+        self.store_settled(StoreWhen::Any);
         if let (Some(mut window), Some(consumer)) = (self.window.take(), self.consumer.as_ref()) {
             // Records held early were counted as handed out but never ran: what finished
             // in the window still commits (their offsets are not in it; they are read

@@ -231,3 +231,47 @@ async fn lanes_by_key_keep_per_key_order_and_the_position_reaches_the_end() {
     }
     app.stop().await;
 }
+
+/// K3 while a delivery waits for its lane (the consumer is then not polled): the
+/// positions settled before the wait reach the group's commit during it, not when the
+/// lane frees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn k3_what_settled_is_committed_while_a_delivery_waits_for_its_lane() {
+    let kafka = kafka().await;
+    let (t, group) = (unique("k3-wait"), unique("g"));
+    create_topic(&t, 1).await;
+    // 0 and 1 (key b) finish at once; 2 (key a) holds its lane, 3 queues behind it and
+    // 4 waits for that lane: the driver fetches nothing until 2 is released.
+    for (i, key) in ["b", "b", "a", "a", "a"].iter().enumerate() {
+        produce(
+            &kafka,
+            &t,
+            Some(key),
+            format!("r{i}").as_bytes(),
+            &Headers::new(),
+        )
+        .await;
+    }
+    let script = Script::new(|_| HandlerOutcome::ack());
+    let gates = Arc::new(Gates::default());
+    gates.hold(2);
+    let app = start(
+        App::new().register(
+            on(
+                topic(&kafka, &t, &group, Commit::Tracked),
+                gated(Arc::clone(&script), Arc::clone(&gates)),
+            )
+            .lanes(2),
+        ),
+    )
+    .await;
+    eventually(Duration::from_secs(30), "0, 1 and 2 ran", || {
+        script.count() == 3
+    })
+    .await;
+    committed_becomes(&group, &t, 0, 2, Duration::from_secs(5)).await;
+    assert_eq!(script.count(), 3, "2 still holds its lane");
+    gates.release(2);
+    committed_becomes(&group, &t, 0, 5, Duration::from_secs(10)).await;
+    app.stop().await;
+}
