@@ -205,3 +205,87 @@ async fn g5_quorum_held_retry_after_waits_come_due_at_max_in_flight() {
     running.stop().await;
     assert!(get(&rabbit, &queue).await.is_none(), "nothing left behind");
 }
+
+/// G3 with two consumers on a quorum queue: a dead letter the broker refuses is
+/// remembered for its message, never for the delivery tag it came with, which is its
+/// channel's count: the other channel's messages carry the same tags, and each of them
+/// runs its handler and is acknowledged, none sent to the refusing dead letter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g3_a_refused_dead_letter_sends_no_message_of_another_channel_to_it() {
+    let rabbit = rabbit().await;
+    let (queue, dead) = (
+        format!("g3-tags-{}", unique_suffix()),
+        format!("g3-tags-dead-{}", unique_suffix()),
+    );
+    declare(&rabbit, &queue, &[("x-queue-type", text("quorum"))]).await;
+    // Takes nothing: every dead letter published to it is refused (basic.nack).
+    declare(
+        &rabbit,
+        &dead,
+        &[
+            (
+                "x-max-length",
+                ruststream_rabbitmq::lapin::types::AMQPValue::LongInt(0),
+            ),
+            ("x-overflow", text("reject-publish")),
+        ],
+    )
+    .await;
+    let script = Script::new(|d| {
+        if &d.payload()[..] == b"capped" {
+            HandlerOutcome::retry()
+        } else {
+            HandlerOutcome::ack()
+        }
+    });
+    let running = App::new()
+        .register(
+            on(
+                rabbit.queue(&queue).kind(QueueKind::Quorum),
+                handler(Arc::clone(&script)),
+            )
+            .max_attempts(1)
+            .dead_letter(&dead)
+            .consumers(2),
+        )
+        .start()
+        .await
+        .expect("starts");
+    send(&rabbit, &queue, b"capped").await;
+    eventually(Duration::from_secs(10), "the capped one ran", || {
+        script.count() == 1
+    })
+    .await;
+    // Its dead letter refused, and tried again each time it comes back.
+    let others = 20;
+    for n in 0..others {
+        send(&rabbit, &queue, format!("other-{n}").as_bytes()).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let ran = || {
+        script
+            .calls()
+            .iter()
+            .filter(|c| c.payload != "capped")
+            .count()
+    };
+    let all_ran = tokio::time::timeout(Duration::from_secs(15), async {
+        while ran() < others {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    running.stop().await;
+    let calls = script.calls();
+    assert!(
+        all_ran.is_ok(),
+        "{} of {others} other messages ran; calls: {:?}",
+        ran(),
+        calls
+            .iter()
+            .map(|c| (c.payload.clone(), c.sequence))
+            .collect::<Vec<_>>()
+    );
+    let capped = calls.iter().filter(|c| c.payload == "capped").count();
+    assert_eq!(capped, 1, "the capped one ran once, past its cap never");
+}

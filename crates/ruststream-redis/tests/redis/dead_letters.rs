@@ -158,6 +158,22 @@ async fn g3_s6_a_dead_letter_redis_refuses_leaves_the_entry_pending() {
     assert_eq!(moved, 1, "dead-lettered once the key can take it");
     assert_eq!(pending(&redis, &key, "g").await, 0, "and acknowledged");
     assert_eq!(script.count(), 1, "the handler never runs past the cap");
+    // Sent again as the entry came back, it still says why (SPEC D6).
+    let letters: Vec<(String, Fields)> = query(
+        &mut redis.connection(),
+        redis::cmd("XRANGE").arg(&dead).arg("-").arg("+"),
+    )
+    .await;
+    let (stored, added) = said(&letters[0].1);
+    assert_eq!(stored, vec![(b"payload".to_vec(), b"{\"id\":1}".to_vec())]);
+    let reason = added
+        .iter()
+        .find(|(name, _)| name.as_slice() == DEAD_LETTER_REASON.as_bytes())
+        .map(|(_, value)| String::from_utf8_lossy(value).into_owned());
+    assert!(
+        reason.as_deref().is_some_and(|r| r.contains("refused")),
+        "the reason says it was sent again: {reason:?} in {added:?}"
+    );
 }
 
 /// While one entry's dead letter is refused, other entries of the stream (whose ids share

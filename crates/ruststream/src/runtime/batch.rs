@@ -7,11 +7,11 @@ use std::sync::Arc;
 
 use ruststream_core::Cause;
 
-use super::copy;
 use super::lane::{self, Concluded};
 use super::lanes::Finished;
 use super::outlined::Outlined;
 use super::quiet;
+use super::refusals;
 use super::shared::{Fate, Shared};
 use super::unwind::{CatchUnwind, Report};
 use crate::batch::{BatchOutcome, CallBatch, Members, Refused};
@@ -37,7 +37,7 @@ pub(crate) async fn handle_batch<S: CallBatch>(
     // the call (the common case: none owes a dead letter, none runs again).
     let (mut at, mut todo) = if members
         .iter()
-        .any(|m| copy::owes_dead_letter(shared, m.delivery()))
+        .any(|m| refusals::owes_dead_letter(shared, m.delivery()))
     {
         Outlined(pin!(dead_letters_first(shared, members, &mut finished))).await
     } else {
@@ -105,9 +105,9 @@ async fn dead_letters_first<S>(
 ) -> (Option<Vec<usize>>, Vec<Box<Incoming>>) {
     let (mut at, mut todo) = (Vec::with_capacity(members.len()), Vec::new());
     for (i, incoming) in members.into_iter().enumerate() {
-        if copy::owes_dead_letter(shared, incoming.delivery()) {
-            let settle = copy::dead_letter_again(shared, incoming.delivery()).await;
-            put(finished, i, (Fate::Settle(settle), Some(incoming)));
+        if refusals::owes_dead_letter(shared, incoming.delivery()) {
+            let fate = refusals::dead_letter_again(shared, incoming.delivery()).await;
+            put(finished, i, (fate, Some(incoming)));
         } else {
             at.push(i);
             todo.push(incoming);

@@ -5,9 +5,8 @@ use std::fmt;
 use std::time::Duration;
 
 use ruststream_core::{
-    AttemptSource, Capabilities, CopyTarget, DeadLetters, Declaration, DelayedRedelivery, Delivery,
-    Outgoing, PlannedCopy, Publish, PublishError, PublishErrorKind, RETRY_COUNT_HEADER, Settle,
-    Verb, Verdict, plan,
+    Capabilities, CopyTarget, Declaration, DelayedRedelivery, Delivery, Outgoing, PlannedCopy,
+    Publish, PublishError, PublishErrorKind, RETRY_COUNT_HEADER, Settle, Verb, Verdict, plan,
 };
 use tokio::sync::watch;
 
@@ -237,53 +236,6 @@ pub(crate) fn dead_lettered<S>(shared: &Shared<S>, delivery: Option<&Delivery>) 
     );
 }
 
-/// Whether a delivery is back past its cap because its dead letter was refused (SPEC
-/// G3): its handler ran its last attempt already, so only the dead letter is tried again
-/// ([`dead_letter_again`]), never the handler. Known by an attempt above `max_attempts`
-/// that the broker counted, or by the refusal remembered here (Kafka `Auto` reads the
-/// record again at attempt 1). A count from the retry header above the cap is not enough:
-/// the runtime never writes one, so it is a producer's forgery, and the message is handled
-/// once as at the cap. Never where the broker's client dead-letters (Pulsar).
-#[inline]
-pub(crate) fn owes_dead_letter<S>(shared: &Shared<S>, delivery: &Delivery) -> bool {
-    let declaration = &shared.declaration;
-    let Some(max) = declaration.max_attempts else {
-        return false;
-    };
-    let attempt = delivery.attempt();
-    let counted_past = attempt.number() > max && attempt.source() == AttemptSource::Broker;
-    declaration.dead_letter.is_some()
-        && shared.capabilities.dead_letters != DeadLetters::Broker
-        && (counted_past || shared.refusals.owes_dead_letter(delivery))
-}
-
-/// The dead letter of a delivery [`owes_dead_letter`] found, tried again; how to settle
-/// the original.
-#[cold]
-pub(crate) async fn dead_letter_again<S>(shared: &Shared<S>, delivery: &Delivery) -> Settle {
-    let attempt = delivery.attempt().number();
-    tracing::warn!(
-        registration = &*shared.registration,
-        address = delivery.address(),
-        attempt,
-        max_attempts = shared.declaration.max_attempts,
-        "back after its dead letter was refused: the handler is not run again, the dead letter is tried again"
-    );
-    let plan = plan(
-        Verdict::Reject,
-        attempt,
-        &shared.declaration,
-        &shared.capabilities,
-    );
-    match plan.copy {
-        Some(copy) => {
-            let again = "its dead letter was refused before and is sent again; the handler did not run again";
-            deliver(shared, delivery, copy, plan.settle, &again).await
-        }
-        None => plan.settle,
-    }
-}
-
 /// A copy the broker refused, and the original it was made from.
 struct Refused<'a> {
     delivery: &'a Delivery,
@@ -311,8 +263,11 @@ impl Refused<'_> {
         };
         match give_back(&shared.capabilities) {
             GiveBack::RedeliverAfter(limit) => {
-                let mut wait =
-                    REFUSAL_BACKOFF.delay(shared.refusals.refused(delivery, dead_letter));
+                let mut wait = REFUSAL_BACKOFF.delay(shared.refusals.in_a_row(
+                    delivery,
+                    dead_letter,
+                    shared.declaration.max_attempts,
+                ));
                 if let Some(limit) = limit {
                     wait = wait.min(limit.saturating_sub(Duration::from_millis(100)));
                 }

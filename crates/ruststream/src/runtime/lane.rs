@@ -10,6 +10,7 @@ use super::lanes::Finished;
 use super::mount::Handled;
 use super::outlined::Outlined;
 use super::quiet::{is_loud, is_power_of_ten};
+use super::refusals;
 use super::shared::{DelayedCopy, Fate, Shared};
 use super::unwind::{CatchUnwind, Caught, Report};
 use super::why::{self, Why};
@@ -30,9 +31,13 @@ pub(crate) async fn handle<S: Service>(
     shared: &Shared<S>,
     mut incoming: Box<Incoming>,
 ) -> Finished {
-    if copy::owes_dead_letter(shared, incoming.delivery()) {
-        let settle = Outlined(pin!(copy::dead_letter_again(shared, incoming.delivery()))).await;
-        return (Fate::Settle(settle), Some(incoming));
+    if refusals::owes_dead_letter(shared, incoming.delivery()) {
+        let fate = Outlined(pin!(refusals::dead_letter_again(
+            shared,
+            incoming.delivery()
+        )))
+        .await;
+        return (fate, Some(incoming));
     }
     let mut reruns = 0;
     loop {

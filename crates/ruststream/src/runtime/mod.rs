@@ -167,7 +167,10 @@ where
         copies,
         registration,
         deadline,
-        refusals: Arc::default(),
+        // A RabbitMQ delivery tag is its channel's count, not the message's name.
+        refusals: Arc::new(refusals::Refusals::new(
+            this.descriptor.transport() != "rabbitmq",
+        )),
     };
     for consumer in 0..declaration.consumer_count() {
         declaration.consumer = consumer;
