@@ -114,12 +114,10 @@ pub fn installed(name: &str) -> std::path::PathBuf {
     binary
 }
 
-/// A port nothing listens on now (the system's pick), for a broker of a test's own.
+/// A port nothing listens on now, for a broker of a test's own (see
+/// [`ruststream_test_support::free_port`]).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free local port")
-        .port()
+    ruststream_test_support::free_port()
 }
 
 /// A name no other test (or earlier run) uses.

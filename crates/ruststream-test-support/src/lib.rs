@@ -146,6 +146,30 @@ pub async fn eventually(limit: Duration, what: &str, mut condition: impl FnMut()
     }
 }
 
+/// A port nothing listens on now, for a broker of a test's own. Taken below the
+/// system's range for outgoing connections (32768 and up here), which the system's own
+/// pick (`bind` to port 0) shares: a client's connection made meanwhile cannot take it.
+/// Where to start looking is spread by process, clock and counter, so tests running at
+/// once look in different places; the test brokers' fixed ports (14222 to 25673) are
+/// skipped by the bind check like any other taken port.
+pub fn free_port() -> u16 {
+    const FIRST: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    static N: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let spread = std::process::id()
+        .wrapping_mul(7_919)
+        .wrapping_add(nanos / 1_000)
+        .wrapping_add(u32::try_from(N.fetch_add(1, Ordering::Relaxed) % 1_000).unwrap_or(0) * 97);
+    (0..SPAN)
+        .map(|i| FIRST + (spread.wrapping_add(i)) % SPAN)
+        .filter_map(|port| u16::try_from(port).ok())
+        .find(|port| std::net::TcpListener::bind(("127.0.0.1", *port)).is_ok())
+        .expect("a free local port below the system's range")
+}
+
 /// A suffix no other test (or earlier run) uses: process id, clock, counter.
 pub fn unique_suffix() -> String {
     static N: AtomicU64 = AtomicU64::new(0);

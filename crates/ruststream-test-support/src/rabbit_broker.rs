@@ -6,6 +6,8 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crate::free_port;
+
 /// A broker process on its own ports and directories, killed on drop.
 pub struct OwnRabbit {
     /// The wrapper scripts started, reaped once killed.
@@ -14,13 +16,6 @@ pub struct OwnRabbit {
     dist: u16,
     node: String,
     base: PathBuf,
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
 }
 
 impl OwnRabbit {
