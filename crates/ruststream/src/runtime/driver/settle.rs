@@ -13,6 +13,7 @@ use crate::ops::SettleError;
 use crate::runtime::copy;
 use crate::runtime::quiet::ErrorRun;
 use crate::runtime::shared::{DelayedCopy, Done, Fate, Shared};
+use crate::runtime::unwind::CatchUnwind;
 use crate::runtime::work::LaneWork;
 
 /// The mode delayed copies wait in.
@@ -142,33 +143,39 @@ fn start_timer<S: Send + Sync + 'static, R: Send + 'static>(
     timers.set.spawn(async move {
         // Counted out however the task ends (aborted at the drain deadline too).
         let _counted = delayed.map(DelayedGuard);
-        let due = Instant::now() + copy.delay;
-        let stopped = tokio::select! {
-            biased;
-            () = sleep_until(due) => false,
-            _ = mode.wait_for(|m| *m == Timers::Stopping) => true,
-        };
-        if stopped && shared.capabilities.holds_original {
-            // The original is still unsettled: the broker brings it back.
-            let fate = Fate::HandedBack;
-            return Done { receipt, fate };
-        }
-        if stopped {
-            tracing::warn!(
+        let timed = std::pin::pin!(async {
+            let due = Instant::now() + copy.delay;
+            let stopped = tokio::select! {
+                biased;
+                () = sleep_until(due) => false,
+                _ = mode.wait_for(|m| *m == Timers::Stopping) => true,
+            };
+            if stopped && shared.capabilities.holds_original {
+                // The original is still unsettled: the broker brings it back.
+                return Fate::HandedBack;
+            }
+            if stopped {
+                tracing::warn!(
+                    registration = &*shared.registration,
+                    address = incoming.delivery().address(),
+                    "stopping: publishing a delayed retry copy before its time so it is not lost"
+                );
+            }
+            let why = &"retry_after(..)";
+            Fate::Settle(copy::deliver(&shared, incoming.delivery(), copy, settle, why).await)
+        });
+        // A panic (in a transport's publish) still hands the receipt back to the driver,
+        // which counts the delivery out of flight; the original stays unsettled.
+        let fate = CatchUnwind(timed).await.unwrap_or_else(|caught| {
+            let at = caught.report.as_ref().map(|r| r.location.as_str());
+            tracing::error!(
                 registration = &*shared.registration,
-                address = incoming.delivery().address(),
-                "stopping: publishing a delayed retry copy before its time so it is not lost"
+                panic = %caught.message,
+                at,
+                "a delayed retry copy's timer panicked; the original is left unsettled"
             );
-        }
-        let settle = copy::deliver(
-            &shared,
-            incoming.delivery(),
-            copy,
-            settle,
-            &"retry_after(..)",
-        )
-        .await;
-        let fate = Fate::Settle(settle);
+            Fate::HandedBack
+        });
         Done { receipt, fate }
     });
 }
