@@ -23,7 +23,7 @@ use common::{
 };
 use ruststream::{App, Delivery, HandlerOutcome, Headers, Publisher, on};
 use ruststream_kafka::{Commit, EosPipeline, Kafka, WindowReport};
-use support::{collect, start, transactional, transform};
+use support::{collect, produce_numbered, start, transactional, transform};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn k6_outputs_and_input_offsets_advance_together() {
@@ -40,16 +40,7 @@ async fn k6_outputs_and_input_offsets_advance_together() {
         transform(output.clone(), Arc::clone(&calls), None),
     )))
     .await;
-    for i in 0..30 {
-        produce(
-            &kafka,
-            &input,
-            None,
-            i.to_string().as_bytes(),
-            &Headers::new(),
-        )
-        .await;
-    }
+    produce_numbered(&kafka, &input, 30).await;
     committed_becomes(&group, &input, 0, 30, Duration::from_secs(60)).await;
     app.stop().await;
     let reports = reports.lock().unwrap().clone();
@@ -115,16 +106,7 @@ async fn k6_retry_aborts_the_window_within_one_interval_and_reads_it_again() {
     let pipeline = EosPipeline::new(&kafka, unique("tx")).commit_interval(interval);
     let reports = collect(&pipeline);
     let calls: Arc<Mutex<Vec<(i64, Instant)>>> = Arc::default();
-    for i in 0..10 {
-        produce(
-            &kafka,
-            &input,
-            None,
-            i.to_string().as_bytes(),
-            &Headers::new(),
-        )
-        .await;
-    }
+    produce_numbered(&kafka, &input, 10).await;
     let app = start(App::new().register(on(
         transactional(&kafka, &input, &group, &pipeline),
         transform(output.clone(), Arc::clone(&calls), Some(4)),
@@ -208,16 +190,7 @@ async fn k6_a_filter_only_handler_commits_its_offsets_within_one_interval() {
         handler,
     )))
     .await;
-    for i in 0..5 {
-        produce(
-            &kafka,
-            &input,
-            None,
-            i.to_string().as_bytes(),
-            &Headers::new(),
-        )
-        .await;
-    }
+    produce_numbered(&kafka, &input, 5).await;
     eventually(
         Duration::from_secs(30),
         "a window committed offset 5",
@@ -361,16 +334,7 @@ async fn k6_read_committed_sees_each_output_exactly_once() {
     let pipeline =
         EosPipeline::new(&kafka, unique("tx")).commit_interval(Duration::from_millis(200));
     let calls: Arc<Mutex<Vec<(i64, Instant)>>> = Arc::default();
-    for i in 0..10 {
-        produce(
-            &kafka,
-            &input,
-            None,
-            i.to_string().as_bytes(),
-            &Headers::new(),
-        )
-        .await;
-    }
+    produce_numbered(&kafka, &input, 10).await;
     let app = start(App::new().register(on(
         transactional(&kafka, &input, &group, &pipeline),
         transform(output.clone(), Arc::clone(&calls), Some(4)),
@@ -422,16 +386,7 @@ async fn k6_a_failed_produce_aborts_the_window_even_if_the_handler_acks() {
         handler,
     )))
     .await;
-    for i in 0..3 {
-        produce(
-            &kafka,
-            &input,
-            None,
-            i.to_string().as_bytes(),
-            &Headers::new(),
-        )
-        .await;
-    }
+    produce_numbered(&kafka, &input, 3).await;
     committed_becomes(&group, &input, 0, 3, Duration::from_secs(60)).await;
     app.stop().await;
     let reports = reports.lock().unwrap().clone();
@@ -485,16 +440,7 @@ async fn k6_a_batchs_outputs_and_offsets_commit_together() {
         ),
     )
     .await;
-    for i in 0..30 {
-        produce(
-            &kafka,
-            &input,
-            None,
-            i.to_string().as_bytes(),
-            &Headers::new(),
-        )
-        .await;
-    }
+    produce_numbered(&kafka, &input, 30).await;
     committed_becomes(&group, &input, 0, 30, Duration::from_secs(60)).await;
     app.stop().await;
     let reports = reports.lock().unwrap().clone();

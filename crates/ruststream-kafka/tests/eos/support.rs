@@ -4,8 +4,23 @@
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use ruststream::{App, Delivery, HandlerOutcome, Publisher, Running};
+use ruststream::{App, Delivery, HandlerOutcome, Headers, Publisher, Running};
 use ruststream_kafka::{Commit, EosPipeline, Kafka, WindowReport};
+
+/// Produces `0`, `1`, ... up to `count` (excluded) to `topic`, without key or headers, one
+/// after the other.
+pub(crate) async fn produce_numbered(kafka: &Kafka, topic: &str, count: u32) {
+    for i in 0..count {
+        crate::common::produce(
+            kafka,
+            topic,
+            None,
+            i.to_string().as_bytes(),
+            &Headers::new(),
+        )
+        .await;
+    }
+}
 
 pub(crate) fn transactional(
     kafka: &Kafka,
