@@ -201,8 +201,15 @@ pub trait Subscription: Send + 'static {
 
     /// The delivery waits, unsettled, for its delayed retry copy (a runtime timer): it is
     /// not running any more (Kafka's transactional windows need not wait for it).
-    fn parked(&mut self, receipt: &Self::Receipt) {
+    ///
+    /// May return what the timer asks when the wait ends, before it makes the copy:
+    /// whether the delivery is still this subscription's to settle. `false` (Kafka: its
+    /// partition moved, or an aborted window rewound it, so the record is read again and
+    /// waits again) makes no copy and leaves the delivery unsettled. Called from the
+    /// timer's task. Default: `None`, the copy is always made.
+    fn parked(&mut self, receipt: &Self::Receipt) -> Option<Box<dyn Fn() -> bool + Send + Sync>> {
         let _ = receipt;
+        None
     }
 
     /// Deliveries the subscription holds itself after the runtime settled them (Pulsar:

@@ -137,6 +137,17 @@ impl Book {
         }
     }
 
+    /// Whether `receipt`'s partition is still in the assignment it was read in (no move,
+    /// no aborted window's rewind since), asked from any thread.
+    pub(crate) fn still_read_as(
+        &self,
+        receipt: &KafkaReceipt,
+    ) -> Box<dyn Fn() -> bool + Send + Sync> {
+        let (moves, topic) = (Arc::clone(&self.moves), Arc::clone(self.topic(receipt)));
+        let (partition, generation) = (receipt.partition, receipt.generation);
+        Box::new(move || moves.generation(&topic, partition) == generation)
+    }
+
     /// The topic of `receipt`'s partition.
     #[inline]
     pub(crate) fn topic(&self, receipt: &KafkaReceipt) -> &Arc<str> {

@@ -29,11 +29,10 @@
 //! at it (SPEC D2: the record comes back if the process dies), so the records after it
 //! on that partition commit their outputs in their own windows but their offsets only
 //! once the wait ends: a crash, a stop or a rebalance within the wait reads them again
-//! and produces their outputs again (and when a window that read the waiting record
-//! aborts, or its partition moves, the record is read again and waits again while the
-//! first wait still ends in a copy: two copies). Where outputs must be exactly once,
-//! prefer `retry()` (which aborts the window and reads it again) to `retry_after` on this
-//! path.
+//! and produces their outputs again. Where outputs must be exactly once, prefer `retry()`
+//! (which aborts the window and reads it again) to `retry_after` on this path. (When a
+//! window that read the waiting record's partition aborts, or the partition moves, the
+//! record is read again and waits again, and the first wait makes no copy.)
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

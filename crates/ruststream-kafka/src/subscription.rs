@@ -541,10 +541,19 @@ impl Subscription for KafkaSubscription {
         std::future::pending().await
     }
 
-    fn parked(&mut self, receipt: &KafkaReceipt) {
-        if let Some(window) = &mut self.window {
-            window.parked(receipt);
+    /// Under `Tracked` and `Transactional` the record's position waits at it (D2): when its
+    /// partition moves, or an aborted window rewinds it, the record is read again and waits
+    /// again, so this wait's copy is not made (two copies otherwise). Under `Auto` the
+    /// position passed it at hand-over: the copy is always made.
+    fn parked(&mut self, receipt: &KafkaReceipt) -> Option<Box<dyn Fn() -> bool + Send + Sync>> {
+        if self.commit == Mode::Auto {
+            return None;
         }
+        let topic = self.book.topic(receipt);
+        if let Some(window) = &mut self.window {
+            window.parked(topic, receipt);
+        }
+        Some(self.book.still_read_as(receipt))
     }
 
     async fn close(mut self) {

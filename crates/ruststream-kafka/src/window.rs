@@ -1,7 +1,7 @@
 //! The open window of a `Commit::Transactional` subscription: what it will commit, the
 //! barrier before closing it, and the commit or abort itself (off the async runtime).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -41,7 +41,8 @@ pub(crate) struct Window {
     began: Instant,
     offsets: WindowOffsets,
     in_flight: usize,
-    parked: HashSet<(usize, i64, u64)>,
+    /// Originals waiting for their delayed copies, with their partitions.
+    parked: HashMap<(usize, i64, u64), (Arc<str>, i32)>,
     doomed: bool,
     reads: Reads,
     closing: Option<oneshot::Receiver<Closed>>,
@@ -84,7 +85,7 @@ impl Window {
             began: Instant::now(),
             offsets: WindowOffsets::new(),
             in_flight: 0,
-            parked: HashSet::new(),
+            parked: HashMap::new(),
             doomed: false,
             reads: Reads::default(),
             closing: None,
@@ -102,8 +103,9 @@ impl Window {
         self.in_flight = self.in_flight.saturating_sub(count);
     }
 
-    pub(crate) fn parked(&mut self, receipt: &KafkaReceipt) {
-        if self.parked.insert(key(receipt)) {
+    pub(crate) fn parked(&mut self, topic: &Arc<str>, receipt: &KafkaReceipt) {
+        let place = (Arc::clone(topic), receipt.partition);
+        if self.parked.insert(key(receipt), place).is_none() {
             self.in_flight = self.in_flight.saturating_sub(1);
         }
     }
@@ -117,7 +119,7 @@ impl Window {
         position: Option<i64>,
         moves: &Moves,
     ) {
-        if self.parked.remove(&key(receipt)) {
+        if self.parked.remove(&key(receipt)).is_some() {
             // A delayed copy's original, read in an earlier window: its copy is in this
             // one, so an abort of this window must read the original again too.
             self.reads.read(topic, receipt, moves);
@@ -165,11 +167,16 @@ impl Window {
                 // The barrier: hand out nothing until every running record settled.
                 std::future::pending::<()>().await;
             }
-            self.closing = Some(self.close(consumer, abort).await);
+            self.closing = Some(self.close(consumer, abort, moves).await);
         }
     }
 
-    async fn close(&mut self, consumer: &Consumer_, abort: bool) -> oneshot::Receiver<Closed> {
+    async fn close(
+        &mut self,
+        consumer: &Consumer_,
+        abort: bool,
+        moves: &Moves,
+    ) -> oneshot::Receiver<Closed> {
         // Parked copies may be publishing; wait for them, and keep others out meanwhile.
         let gate = Arc::clone(&self.pipeline.gate).write_owned().await;
         let producer = Arc::clone(&self.producer);
@@ -179,7 +186,7 @@ impl Window {
             .iter()
             .map(|((t, p), o)| (t.to_string(), *p, *o))
             .collect();
-        let read: Vec<(String, i32, i64)> = self.reads.partitions().collect();
+        let read = self.rewinds(moves);
         let (tx, rx) = oneshot::channel();
         let id = self.pipeline.id.clone();
         std::thread::spawn(move || {
@@ -199,6 +206,22 @@ impl Window {
             let _ = tx.send(closed);
         });
         rx
+    }
+
+    /// Each partition the window read, with where an abort rewinds it when the group has
+    /// no committed position: the lowest offset the window read of it, or an original
+    /// waiting for its delayed copy before that (read again, its wait makes no copy).
+    fn rewinds(&self, moves: &Moves) -> Vec<(String, i32, i64)> {
+        let mut read: Vec<(String, i32, i64)> = self.reads.partitions().collect();
+        for (&(_, offset, generation), (topic, partition)) in &self.parked {
+            let same = |(t, p, _): &&mut (String, i32, i64)| **t == **topic && p == partition;
+            if let Some((_, _, first)) = read.iter_mut().find(same)
+                && moves.generation(topic, *partition) == generation
+            {
+                *first = (*first).min(offset);
+            }
+        }
+        read
     }
 
     fn closed(&mut self, closed: Closed, moves: &Moves) {
@@ -241,7 +264,7 @@ impl Window {
             return;
         }
         let abort = self.in_flight > 0 || self.must_abort(moves);
-        let rx = self.close(consumer, abort).await;
+        let rx = self.close(consumer, abort, moves).await;
         if let Ok(Ok(closed)) = tokio::time::timeout(deadline, rx).await {
             self.closed(closed, moves);
         }

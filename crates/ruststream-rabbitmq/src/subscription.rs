@@ -427,6 +427,15 @@ impl Subscription for RabbitSubscription {
         sent
     }
 
+    /// A classic queue's delayed copy: when the channel the original came on is lost
+    /// during the wait, the broker gives the original back (read again, it waits again),
+    /// so this wait makes no copy.
+    fn parked(&mut self, receipt: &RabbitReceipt) -> Option<Box<dyn Fn() -> bool + Send + Sync>> {
+        let channel = self.session.as_ref()?.channel.clone();
+        let current = self.current(receipt);
+        Some(Box::new(move || current && channel.status().connected()))
+    }
+
     fn holding(&self) -> usize {
         self.held.len()
     }

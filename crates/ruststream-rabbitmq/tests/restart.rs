@@ -116,3 +116,60 @@ async fn ready_becomes(running: &ruststream::Running, want: u16) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// A classic queue's `retry_after` waits with the original unacknowledged (R5, D2). When
+/// the connection is lost during the wait, the broker gives the original back, it is read
+/// again and waits again, and the first wait makes no copy: one copy in all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r5_d2_a_wait_whose_channel_is_lost_makes_no_copy() {
+    ruststream_test_support::capture_logs("info,lapin=warn");
+    let broker = OwnRabbit::new();
+    broker.start().await;
+    let rabbit = RabbitMq::connect(&broker.url()).await.expect("connect");
+    let queue = format!("rewait-{}", unique_suffix());
+    let kind = QueueKind::Classic;
+    rabbit.declare_queue(&queue, kind).await.expect("declared");
+    // (originals read, copies read)
+    let reads: Arc<Mutex<(u32, u32)>> = Arc::default();
+    let seen = Arc::clone(&reads);
+    let running = App::new()
+        .ops(0)
+        .register(on(rabbit.queue(&queue).kind(kind), move |d: Delivery| {
+            let seen = Arc::clone(&seen);
+            async move {
+                let mut seen = seen.lock().unwrap();
+                if d.headers().get("x-ruststream-retry-count").is_some() {
+                    seen.1 += 1;
+                    return HandlerOutcome::ack();
+                }
+                seen.0 += 1;
+                // Longer than the broker's restart below.
+                HandlerOutcome::retry_after(Duration::from_secs(10))
+            }
+        }))
+        .start()
+        .await
+        .expect("starts");
+    confirmed(&rabbit, &queue, "held").await;
+    eventually(Duration::from_secs(30), "the original read", || {
+        reads.lock().unwrap().0 >= 1
+    })
+    .await;
+    broker.restart_gracefully().await;
+    eventually(Duration::from_secs(60), "the original read again", || {
+        reads.lock().unwrap().0 >= 2
+    })
+    .await;
+    eventually(Duration::from_secs(30), "a copy read", || {
+        reads.lock().unwrap().1 >= 1
+    })
+    .await;
+    // Both waits have ended: the first one long since.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    running.stop().await;
+    let (originals, copies) = *reads.lock().unwrap();
+    assert_eq!(
+        copies, 1,
+        "one copy, made by the wait of the original's last read ({originals} reads of it)"
+    );
+}

@@ -9,7 +9,7 @@ use ruststream::{App, Delivery, HandlerOutcome, Headers, Publisher, on};
 use ruststream_core::StartAt;
 use ruststream_kafka::EosPipeline;
 
-use crate::common::{committed_becomes, create_topic, kafka, produce, unique};
+use crate::common::{committed_becomes, create_topic, kafka, produce, read_topic, unique};
 use crate::support::{start, transactional};
 
 /// What a test's handler answers for a payload (and whether it is its first run): after
@@ -182,4 +182,85 @@ async fn k6_d2_an_abort_reads_again_a_delayed_original_that_settled_in_the_windo
         seen.iter().filter(|p| *p == "held").count() >= 2,
         "the held record's copy was undone with the window, and the record not read again: {seen:?}"
     );
+}
+
+/// A record waiting out `retry_after` (read in an earlier window, its partition's
+/// position held at it) is read again when a later window that read its partition aborts
+/// and rewinds to the group's committed position: its first wait then makes no copy, so
+/// one copy is made in all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn k6_d2_a_wait_whose_record_an_abort_reads_again_makes_no_copy() {
+    let seen = wait_then_abort(true).await;
+    assert!(
+        seen.iter().filter(|p| *p == "held").count() >= 2,
+        "the abort read the waiting record again: {seen:?}"
+    );
+}
+
+/// The same when the group has committed no position for the partition yet: the abort
+/// rewinds far enough back to read the waiting record again (its first wait makes no
+/// copy, so nothing else would).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn k6_d2_an_abort_before_any_commit_keeps_a_waiting_record() {
+    wait_then_abort(false).await;
+}
+
+/// A record waits out `retry_after` while a later window aborts; returns the payloads
+/// handled. Checks that one copy of the waiting record was made and both records settled.
+async fn wait_then_abort(commit_first: bool) -> Vec<String> {
+    let kafka = kafka().await;
+    let (input, output, retries, group) = (
+        unique("eos-rewait-in"),
+        unique("eos-rewait-out"),
+        unique("eos-rewait-retries"),
+        unique("g"),
+    );
+    for topic in [&input, &output, &retries] {
+        create_topic(topic, 1).await;
+    }
+    let pipeline = EosPipeline::new(&kafka, unique("tx"));
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let handler = relaying(output.clone(), Arc::clone(&seen), |payload, first| {
+        match payload {
+            // Every read of it waits (its copies go where this subscription does not read).
+            "held" => (
+                Duration::ZERO,
+                HandlerOutcome::retry_after(Duration::from_secs(3)),
+            ),
+            "aborting" if first => (Duration::ZERO, HandlerOutcome::retry()),
+            _ => (Duration::ZERO, HandlerOutcome::ack()),
+        }
+    });
+    let app = start(
+        App::new().register(
+            on(transactional(&kafka, &input, &group, &pipeline), handler)
+                .retry_to(retries.as_str())
+                .lanes(2),
+        ),
+    )
+    .await;
+    let mut end = 2;
+    if commit_first {
+        produce(&kafka, &input, None, b"first", &Headers::new()).await;
+        committed_becomes(&group, &input, 0, 1, Duration::from_secs(60)).await;
+        end += 1;
+    }
+    produce(&kafka, &input, None, b"held", &Headers::new()).await;
+    // The window that read "held" closes (its output commits; the position waits at it).
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    produce(&kafka, &input, None, b"aborting", &Headers::new()).await;
+    // Both settled: the position passes them once a wait's copy is made.
+    committed_becomes(&group, &input, 0, end, Duration::from_secs(60)).await;
+    // Every wait has ended by now.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    app.stop().await;
+    let seen = seen.lock().unwrap().clone();
+    let copies = read_topic(&retries, 1, 3, Duration::from_secs(5)).await;
+    let payloads: Vec<_> = copies.iter().map(|r| r.payload.to_vec()).collect();
+    assert_eq!(
+        payloads,
+        vec![b"held".to_vec()],
+        "one copy of the waiting record, made by the wait of its last read: {seen:?}"
+    );
+    seen
 }

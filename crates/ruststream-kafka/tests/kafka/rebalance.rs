@@ -233,3 +233,61 @@ async fn k3_k5_a_revoke_under_load_hands_over_everything_that_settled() {
         "{again} records were handled again after the rebalance ({at_rebalance} handled in all)"
     );
 }
+
+/// Under `Tracked` a record waiting out `retry_after` keeps its partition's position (D2);
+/// when the partition moves during the wait the record is read again (by the new owner,
+/// or by this member after an eager rebalance) and waits again, and the first wait makes
+/// no copy: one copy per record in all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn k5_d2_a_wait_whose_partition_moves_makes_no_copy() {
+    use crate::common::read_topic;
+    let kafka = kafka().await;
+    let (t, retries, group) = (unique("k5-wait"), unique("k5-wait-retries"), unique("g"));
+    create_topic(&t, 2).await;
+    create_topic(&retries, 1).await;
+    let reads = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let handler = {
+        let reads = Arc::clone(&reads);
+        move |_: ruststream::Delivery| {
+            reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            // Longer than the second member's join.
+            async { HandlerOutcome::retry_after(Duration::from_secs(8)) }
+        }
+    };
+    let member = || {
+        App::new().register(
+            on(topic(&kafka, &t, &group, Commit::Tracked), handler.clone())
+                .retry_to(retries.as_str()),
+        )
+    };
+    let first = start(member()).await;
+    for (payload, partition) in [("held-0", 0), ("held-1", 1)] {
+        let (publisher, headers) = (kafka.publisher(), Headers::new());
+        let sent = publisher.send(&t, None, &headers, payload.as_bytes(), Some(partition));
+        sent.await.expect("produce");
+    }
+    eventually(Duration::from_secs(30), "both records read", || {
+        reads.load(std::sync::atomic::Ordering::SeqCst) >= 2
+    })
+    .await;
+    let second = start(member()).await;
+    eventually(Duration::from_secs(60), "both records read again", || {
+        reads.load(std::sync::atomic::Ordering::SeqCst) >= 4
+    })
+    .await;
+    // Every wait has ended, the first ones long since.
+    let copies = read_topic(&retries, 1, 3, Duration::from_secs(20)).await;
+    second.stop().await;
+    first.stop().await;
+    assert!(
+        logs().contains("partitions revoked"),
+        "a real rebalance happened"
+    );
+    let mut payloads: Vec<_> = copies.iter().map(|r| r.payload.to_vec()).collect();
+    payloads.sort();
+    assert_eq!(
+        payloads,
+        vec![b"held-0".to_vec(), b"held-1".to_vec()],
+        "one copy per record, made by the wait of its last read"
+    );
+}

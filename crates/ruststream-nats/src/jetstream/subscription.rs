@@ -338,8 +338,9 @@ impl Subscription for JetStreamSubscription {
     }
 
     /// Its retry copy waits for a timer; the original, unsettled meanwhile, is kept alive.
-    fn parked(&mut self, receipt: &Receipt) {
+    fn parked(&mut self, receipt: &Receipt) -> Option<Box<dyn Fn() -> bool + Send + Sync>> {
         self.keep_alive(receipt, false);
+        None
     }
 
     async fn settle(&mut self, receipt: Receipt, settle: Settle) -> Result<(), AckError> {

@@ -116,18 +116,20 @@ pub(super) async fn apply<Sub: Subscription, S: Send + Sync + 'static>(
             settled(result, settle_errors, shared, Settle::DeadLetter);
         }
         Fate::Delayed(delayed) => {
-            subscription.parked(&receipt);
-            start_timer(Arc::clone(shared), receipt, *delayed, timers);
+            let still_held = subscription.parked(&receipt);
+            start_timer(Arc::clone(shared), receipt, *delayed, still_held, timers);
         }
     }
 }
 
 /// A delayed copy's timer: at its due time (or early, at stop) the copy is published and
-/// the original's settlement comes back to the driver.
+/// the original's settlement comes back to the driver; unless `still_held` says the
+/// original is no longer the subscription's to settle (it is read again and waits again).
 fn start_timer<S: Send + Sync + 'static, R: Send + 'static>(
     shared: Arc<Shared<S>>,
     receipt: R,
     delayed: DelayedCopy,
+    still_held: Option<Box<dyn Fn() -> bool + Send + Sync>>,
     timers: &mut Timed<R>,
 ) {
     let DelayedCopy {
@@ -152,6 +154,14 @@ fn start_timer<S: Send + Sync + 'static, R: Send + 'static>(
             };
             if stopped && shared.capabilities.holds_original {
                 // The original is still unsettled: the broker brings it back.
+                return Fate::HandedBack;
+            }
+            if still_held.as_ref().is_some_and(|held| !held()) {
+                tracing::info!(
+                    registration = &*shared.registration,
+                    address = incoming.delivery().address(),
+                    "a delayed retry copy is not made: its original is read again"
+                );
                 return Fate::HandedBack;
             }
             if stopped {
