@@ -10,6 +10,7 @@ use rdkafka::error::{KafkaError, KafkaResult};
 use crate::context::{Moves, NOTHING};
 use crate::receipt::KafkaReceipt;
 use crate::tracker::OffsetTracker;
+use crate::window::StillHeld;
 
 #[derive(Debug)]
 struct PartitionState {
@@ -139,10 +140,7 @@ impl Book {
 
     /// Whether `receipt`'s partition is still in the assignment it was read in (no move,
     /// no aborted window's rewind since), asked from any thread.
-    pub(crate) fn still_read_as(
-        &self,
-        receipt: &KafkaReceipt,
-    ) -> Box<dyn Fn() -> bool + Send + Sync> {
+    pub(crate) fn still_read_as(&self, receipt: &KafkaReceipt) -> StillHeld {
         let (moves, topic) = (Arc::clone(&self.moves), Arc::clone(self.topic(receipt)));
         let (partition, generation) = (receipt.partition, receipt.generation);
         Box::new(move || moves.generation(&topic, partition) == generation)

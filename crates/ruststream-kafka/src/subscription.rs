@@ -549,11 +549,11 @@ impl Subscription for KafkaSubscription {
         if self.commit == Mode::Auto {
             return None;
         }
-        let topic = self.book.topic(receipt);
-        if let Some(window) = &mut self.window {
-            window.parked(topic, receipt);
+        let still_held = self.book.still_read_as(receipt);
+        match &mut self.window {
+            Some(window) => Some(window.parked(self.book.topic(receipt), receipt, still_held)),
+            None => Some(still_held),
         }
-        Some(self.book.still_read_as(receipt))
     }
 
     async fn close(mut self) {

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use rdkafka::consumer::Consumer;
@@ -41,8 +41,7 @@ pub(crate) struct Window {
     began: Instant,
     offsets: WindowOffsets,
     in_flight: usize,
-    /// Originals waiting for their delayed copies, with their partitions.
-    parked: HashMap<(usize, i64, u64), (Arc<str>, i32)>,
+    parked: Waits,
     doomed: bool,
     reads: Reads,
     closing: Option<oneshot::Receiver<Closed>>,
@@ -85,7 +84,7 @@ impl Window {
             began: Instant::now(),
             offsets: WindowOffsets::new(),
             in_flight: 0,
-            parked: HashMap::new(),
+            parked: Waits::default(),
             doomed: false,
             reads: Reads::default(),
             closing: None,
@@ -103,11 +102,19 @@ impl Window {
         self.in_flight = self.in_flight.saturating_sub(count);
     }
 
-    pub(crate) fn parked(&mut self, topic: &Arc<str>, receipt: &KafkaReceipt) {
-        let place = (Arc::clone(topic), receipt.partition);
-        if self.parked.insert(key(receipt), place).is_none() {
+    /// `receipt`'s record waits for its delayed copy (no longer running); `still_held`
+    /// is what its timer will ask, returned to hand to the timer.
+    pub(crate) fn parked(
+        &mut self,
+        topic: &Arc<str>,
+        receipt: &KafkaReceipt,
+        still_held: StillHeld,
+    ) -> StillHeld {
+        let (new, asked) = self.parked.begin(topic, receipt, still_held);
+        if new {
             self.in_flight = self.in_flight.saturating_sub(1);
         }
+        asked
     }
 
     /// A settlement: `position` is the partition's new stored position, if it moved.
@@ -119,7 +126,7 @@ impl Window {
         position: Option<i64>,
         moves: &Moves,
     ) {
-        if self.parked.remove(&key(receipt)).is_some() {
+        if self.parked.ended(receipt) {
             // A delayed copy's original, read in an earlier window: its copy is in this
             // one, so an abort of this window must read the original again too.
             self.reads.read(topic, receipt, moves);
@@ -186,6 +193,7 @@ impl Window {
             .iter()
             .map(|((t, p), o)| (t.to_string(), *p, *o))
             .collect();
+        self.parked.forget_given_up();
         let read = self.rewinds(moves);
         let (tx, rx) = oneshot::channel();
         let id = self.pipeline.id.clone();
@@ -213,10 +221,11 @@ impl Window {
     /// waiting for its delayed copy before that (read again, its wait makes no copy).
     fn rewinds(&self, moves: &Moves) -> Vec<(String, i32, i64)> {
         let mut read: Vec<(String, i32, i64)> = self.reads.partitions().collect();
-        for (&(_, offset, generation), (topic, partition)) in &self.parked {
-            let same = |(t, p, _): &&mut (String, i32, i64)| **t == **topic && p == partition;
+        for (&(_, offset, generation), wait) in &self.parked.0 {
+            let (topic, partition) = (&*wait.topic, wait.partition);
+            let same = |(t, p, _): &&mut (String, i32, i64)| t == topic && *p == partition;
             if let Some((_, _, first)) = read.iter_mut().find(same)
-                && moves.generation(topic, *partition) == generation
+                && moves.generation(topic, partition) == generation
             {
                 *first = (*first).min(offset);
             }
@@ -323,6 +332,60 @@ fn retriable(error: &rdkafka::error::KafkaError) -> bool {
     matches!(error, rdkafka::error::KafkaError::Transaction(e) if e.is_retriable())
 }
 
+/// What a delayed copy's timer asks before it makes the copy: whether the original is
+/// still the subscription's to settle.
+pub(crate) type StillHeld = Box<dyn Fn() -> bool + Send + Sync>;
+
+/// Originals waiting for their delayed copies (`retry_after`), by their partition's place
+/// in the book, offset and generation. A wait whose timer found its original read again
+/// makes no copy and settles nothing: it is given up, and dropped at the next close (so
+/// aborts and moves during waits leave nothing behind).
+#[derive(Default)]
+struct Waits(HashMap<(usize, i64, u64), Wait>);
+
+struct Wait {
+    topic: Arc<str>,
+    partition: i32,
+    given_up: Arc<AtomicBool>,
+}
+
+impl Waits {
+    /// A wait begins; whether it is new, and `still_held` made to give the wait up when
+    /// it answers no.
+    fn begin(
+        &mut self,
+        topic: &Arc<str>,
+        receipt: &KafkaReceipt,
+        still_held: StillHeld,
+    ) -> (bool, StillHeld) {
+        let given_up = Arc::new(AtomicBool::new(false));
+        let wait = Wait {
+            topic: Arc::clone(topic),
+            partition: receipt.partition,
+            given_up: Arc::clone(&given_up),
+        };
+        let new = self.0.insert(key(receipt), wait).is_none();
+        let asked = move || {
+            let held = still_held();
+            if !held {
+                given_up.store(true, Ordering::Release);
+            }
+            held
+        };
+        (new, Box::new(asked))
+    }
+
+    /// `receipt`'s wait ended in its copy; whether it was waiting.
+    fn ended(&mut self, receipt: &KafkaReceipt) -> bool {
+        self.0.remove(&key(receipt)).is_some()
+    }
+
+    fn forget_given_up(&mut self) {
+        self.0
+            .retain(|_, wait| !wait.given_up.load(Ordering::Acquire));
+    }
+}
+
 /// A parked delivery: its partition's place in the book, offset and generation.
 fn key(receipt: &KafkaReceipt) -> (usize, i64, u64) {
     (receipt.slot, receipt.offset, receipt.generation)
@@ -399,6 +462,25 @@ fn abort_and_rewind(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn k6_d2_a_wait_whose_timer_made_no_copy_is_dropped_and_the_others_kept() {
+        let (mut waits, topic) = (Waits::default(), Arc::from("orders"));
+        let (new, read_again) = waits.begin(&topic, &at(3), Box::new(|| false));
+        assert!(new);
+        let (_, still_held) = waits.begin(&topic, &at(5), Box::new(|| true));
+        let (_, ends_in_a_copy) = waits.begin(&topic, &at(7), Box::new(|| true));
+        assert!(!read_again() && still_held() && ends_in_a_copy());
+        assert!(waits.ended(&at(7)), "the copy made, the original settles");
+        waits.forget_given_up();
+        let left: Vec<i64> = waits.0.keys().map(|(_, offset, _)| *offset).collect();
+        assert_eq!(
+            left,
+            vec![5],
+            "the wait whose original is read again is gone"
+        );
+        assert!(!waits.ended(&at(3)));
+    }
 
     fn moved(moves: &Moves) {
         moves.moved([("orders".to_owned(), 0)].into_iter());
