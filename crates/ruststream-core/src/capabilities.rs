@@ -92,6 +92,11 @@ pub struct Capabilities {
     /// refused, so the record is read again instead of lost (SPEC G3); the settlement is
     /// a `Settle::Redeliver`.
     pub rewinds: bool,
+    /// A delivery's position (partition and offset, stream sequence, message id) names
+    /// its message: the same each time it comes back, and no other message's. The
+    /// runtime remembers a refused dead letter by it (SPEC G3). Not RabbitMQ's delivery
+    /// tag, its channel's count: there only the `x-ruststream-id` header names a message.
+    pub positions_name_messages: bool,
 }
 
 impl Capabilities {
@@ -106,6 +111,7 @@ impl Capabilities {
         holds_original: false,
         redeliver_in_place: false,
         rewinds: false,
+        positions_name_messages: true,
     };
 
     /// These capabilities with `ack()` set to `ack`.
@@ -159,6 +165,13 @@ impl Capabilities {
     /// These capabilities with whether the read position can move back to a delivery set to `rewinds`.
     pub const fn with_rewinds(mut self, rewinds: bool) -> Self {
         self.rewinds = rewinds;
+        self
+    }
+
+    /// These capabilities with whether a delivery's position names its message set to
+    /// `positions_name_messages`.
+    pub const fn with_positions_name_messages(mut self, positions_name_messages: bool) -> Self {
+        self.positions_name_messages = positions_name_messages;
         self
     }
 }

@@ -122,7 +122,9 @@ impl Descriptor for RabbitQueue {
             .with_dead_letters(DeadLetters::Runtime)
             // Unacknowledged until the copy or dead letter is confirmed: a crash gives
             // the original back (R5).
-            .with_holds_original(true);
+            .with_holds_original(true)
+            // A delivery tag is its channel's count, not the message's name.
+            .with_positions_name_messages(false);
         match self.kind {
             QueueKind::Classic => common
                 .with_delayed_redelivery(DelayedRedelivery::Unsupported)

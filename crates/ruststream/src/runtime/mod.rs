@@ -155,6 +155,7 @@ where
     declaration.max_in_flight = Some(this.options.max_in_flight);
     let registration: Arc<str> = Arc::from(this.name.as_str());
     let copies = this.descriptor.publisher();
+    let capabilities = this.descriptor.capabilities();
     let common = Common {
         context: Arc::new(Context {
             registration: Arc::clone(&registration),
@@ -163,13 +164,12 @@ where
             publisher: Publisher::new(Arc::clone(&copies)),
         }),
         service: Arc::new(this.service),
-        capabilities: this.descriptor.capabilities(),
+        capabilities,
         copies,
         registration,
         deadline,
-        // A RabbitMQ delivery tag is its channel's count, not the message's name.
         refusals: Arc::new(refusals::Refusals::new(
-            this.descriptor.transport() != "rabbitmq",
+            capabilities.positions_name_messages,
         )),
     };
     for consumer in 0..declaration.consumer_count() {

@@ -18,6 +18,7 @@ const KAFKA_AUTO: Capabilities = Capabilities {
     holds_original: false,
     redeliver_in_place: false,
     rewinds: false,
+    positions_name_messages: true,
 };
 const KAFKA_TRACKED: Capabilities = Capabilities {
     ack: Verb::Native,
@@ -29,6 +30,7 @@ const KAFKA_TRACKED: Capabilities = Capabilities {
     holds_original: true,
     redeliver_in_place: true,
     rewinds: false,
+    positions_name_messages: true,
 };
 // Transactional settles like Tracked; its `Redeliver` aborts the open window.
 const KAFKA_TRANSACTIONAL: Capabilities = KAFKA_TRACKED;
@@ -42,6 +44,7 @@ const JETSTREAM: Capabilities = Capabilities {
     holds_original: true,
     redeliver_in_place: false,
     rewinds: false,
+    positions_name_messages: true,
 };
 const CORE: Capabilities = Capabilities::NOTHING;
 const PULSAR_SHARED: Capabilities = Capabilities {
@@ -56,6 +59,7 @@ const PULSAR_SHARED: Capabilities = Capabilities {
     holds_original: true,
     redeliver_in_place: false,
     rewinds: false,
+    positions_name_messages: true,
 };
 const PULSAR_EXCLUSIVE: Capabilities = Capabilities {
     native_count: false,
@@ -72,6 +76,7 @@ const REDIS: Capabilities = Capabilities {
     holds_original: true,
     redeliver_in_place: false,
     rewinds: false,
+    positions_name_messages: true,
 };
 
 const D: Duration = Duration::from_millis(250);

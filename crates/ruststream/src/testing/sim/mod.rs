@@ -105,7 +105,8 @@ impl Profile {
             Self::JetStream | Self::Memory => NATIVE,
             Self::RabbitMq => NATIVE
                 .with_native_count(false)
-                .with_delayed_redelivery(DelayedRedelivery::Unsupported),
+                .with_delayed_redelivery(DelayedRedelivery::Unsupported)
+                .with_positions_name_messages(false),
             Self::Redis => NATIVE.with_delayed_redelivery(DelayedRedelivery::Held { limit: None }),
             Self::Pulsar => NATIVE
                 .with_drop(Verb::AsAck)
