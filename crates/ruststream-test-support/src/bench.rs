@@ -13,12 +13,19 @@ use std::time::Instant;
 /// CPU time the calling thread has run so far, in nanoseconds
 /// (`/proc/thread-self/schedstat`, kept by the scheduler to the nanosecond).
 pub fn thread_cpu_ns() -> u64 {
+    thread_schedstat().0
+}
+
+/// The calling thread's CPU time in nanoseconds and the number of times it was put on a
+/// CPU (each wake-up from a wait is one): `/proc/thread-self/schedstat`'s first and third
+/// fields.
+pub fn thread_schedstat() -> (u64, u64) {
     let stat = std::fs::read_to_string("/proc/thread-self/schedstat")
         .expect("reading /proc/thread-self/schedstat");
-    stat.split_whitespace()
-        .next()
-        .and_then(|ns| ns.parse().ok())
-        .expect("a schedstat line")
+    let mut fields = stat.split_whitespace().map(|f| f.parse().ok());
+    let ns = fields.next().flatten().expect("a schedstat line");
+    let slices = fields.nth(1).flatten().expect("a schedstat line");
+    (ns, slices)
 }
 
 /// The CPU time of a broker's process, found by the port it listens on (`ss -ltnp`),
@@ -102,8 +109,8 @@ pub fn load_average() -> String {
 pub struct Span {
     target: usize,
     count: usize,
-    first: Option<(Instant, u64)>,
-    last: Option<(Instant, u64)>,
+    first: Option<(Instant, (u64, u64))>,
+    last: Option<(Instant, (u64, u64))>,
 }
 
 impl Span {
@@ -122,9 +129,9 @@ impl Span {
         let mut span = span.lock().unwrap_or_else(PoisonError::into_inner);
         span.count += 1;
         if span.count == 1 {
-            span.first = Some((Instant::now(), thread_cpu_ns()));
+            span.first = Some((Instant::now(), thread_schedstat()));
         } else if span.count == span.target {
-            span.last = Some((Instant::now(), thread_cpu_ns()));
+            span.last = Some((Instant::now(), thread_schedstat()));
         }
     }
 
@@ -134,10 +141,10 @@ impl Span {
         let before = span.count;
         span.count += n;
         if before == 0 {
-            span.first = Some((Instant::now(), thread_cpu_ns()));
+            span.first = Some((Instant::now(), thread_schedstat()));
         }
         if before < span.target && span.count >= span.target {
-            span.last = Some((Instant::now(), thread_cpu_ns()));
+            span.last = Some((Instant::now(), thread_schedstat()));
         }
     }
 
@@ -173,13 +180,14 @@ impl Span {
     /// (Core NATS drops), the span ends now, on that thread.
     pub fn figures(span: &Mutex<Self>) -> Figures {
         let mut span = span.lock().unwrap_or_else(PoisonError::into_inner);
-        let (t0, c0) = span.first.expect("a first message");
-        let (t1, c1) = *span
+        let (t0, (c0, s0)) = span.first.expect("a first message");
+        let (t1, (c1, s1)) = *span
             .last
-            .get_or_insert_with(|| (Instant::now(), thread_cpu_ns()));
+            .get_or_insert_with(|| (Instant::now(), thread_schedstat()));
         let between = (span.count.max(2) - 1) as f64;
         Figures {
             cpu_ns: (c1 - c0) as f64 / between,
+            wakeups_per_1000: (s1 - s0) as f64 * 1000.0 / between,
             rate: between / (t1 - t0).as_secs_f64(),
             handled: span.count,
             expected: span.target,
@@ -192,6 +200,10 @@ impl Span {
 pub struct Figures {
     /// CPU nanoseconds per message on the consuming thread.
     pub cpu_ns: f64,
+    /// Times the consuming thread was put on a CPU, per 1,000 messages: each wake-up
+    /// from a wait costs CPU time (the kernel's part counts) that an instruction count
+    /// does not show.
+    pub wakeups_per_1000: f64,
     /// Messages per second, first to last.
     pub rate: f64,
     /// Messages handled.
@@ -328,7 +340,12 @@ pub fn report(path: &str, raw: &[Figures], framework: &[Figures], load: &str) ->
     let rounds: Vec<String> = raw
         .iter()
         .zip(framework)
-        .map(|(r, f)| format!("{:.0}/{:.0}", r.cpu_ns, f.cpu_ns))
+        .map(|(r, f)| {
+            format!(
+                "{:.0}/{:.0} ({:.1}/{:.1} wake-ups per 1,000)",
+                r.cpu_ns, f.cpu_ns, r.wakeups_per_1000, f.wakeups_per_1000
+            )
+        })
         .collect();
     let lost = |f: &[Figures]| -> String {
         let lost: Vec<String> = f
