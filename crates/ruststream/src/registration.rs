@@ -220,9 +220,10 @@ impl<D: Descriptor, S> Registration<D, S> {
     /// Runs up to `n` deliveries concurrently, keeping per-key order (default 1, at most
     /// [`MAX_LANES`]). Lanes share one task: they overlap while handlers wait on I/O, not
     /// while a handler computes or blocks (move such work to `spawn_blocking`). The task
-    /// gives its thread back to the runtime every so many deliveries (tokio's cooperative
-    /// budget), also while a backlog answers every fetch at once, so other registrations,
-    /// timers and the health endpoint on the same thread keep running.
+    /// gives its thread back to the runtime every 128 deliveries (as many as tokio's
+    /// cooperative budget allows a task per poll), also while a backlog answers every
+    /// fetch at once, so other registrations, timers and the health endpoint on the same
+    /// thread keep running.
     pub fn lanes(mut self, n: usize) -> Self {
         self.options.lanes = n;
         self

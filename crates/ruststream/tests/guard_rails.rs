@@ -290,7 +290,7 @@ async fn g5_parked_retry_afters_stop_fetching_at_max_in_flight() {
 }
 
 /// A broker with a backlog answers every fetch at once. The subscription's driver must
-/// still give its thread back now and then (tokio's cooperative budget), or a backlog
+/// still give its thread back now and then (every 128 deliveries), or a backlog
 /// keeps everything else on that thread waiting until it is gone: timers, handler
 /// deadlines, other registrations, the health endpoint.
 #[tokio::test]

@@ -98,7 +98,8 @@ async fn stops_on_a_spent_budget(State(s): State<Arc<StopsOnSpentBudget>>) -> Ha
 }
 
 /// The driver works through a backlog (here one message retried without a cap) within
-/// one poll until tokio's cooperative budget is spent. A stop asked when the budget is
+/// one poll until its turn ends or, as here, a handler spends tokio's cooperative
+/// budget. A stop asked when the budget is
 /// spent stops the fetching all the same (it was once lost there, and the driver
 /// fetched on for ever).
 #[tokio::test]

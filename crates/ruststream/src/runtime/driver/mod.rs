@@ -17,14 +17,16 @@
 //! # One pass ([`pass`])
 //!
 //! A pass looks, in this order, at: a lane that finished, a timer that ran, the stop
-//! signal, the cooperative budget, then the fetch (the next delivery when there is room,
-//! the subscription's idle upkeep at the bound, its `while_waiting` upkeep while a
-//! fetched delivery waits for its lane). The first thing found is the pass's event. One ladder serves both
-//! cases: the common case, a backlog with every lane free and no timer set, takes the
-//! same ladder with the subscription's immediate fetch (`Subscription::next_now`) and
-//! runs delivery after delivery within one poll: fetched, started, polled once, settled
-//! ([`start`], [`settle`]); it leaves that straight line at the first thing that would
-//! wait, for a full pass that waits on all of them at once.
+//! signal, the driver's turn on its thread (it yields every 128 deliveries), then the
+//! fetch (the next delivery when there is room, the subscription's idle upkeep at the
+//! bound, its `while_waiting` upkeep while a fetched delivery waits for its lane). The
+//! first thing found is the pass's event. One ladder serves both cases: the common case,
+//! a backlog with every lane free and no timer set, takes the same ladder with the
+//! subscription's immediate fetch (`Subscription::next_now`) and runs delivery after
+//! delivery within one poll: fetched, started, polled once, settled ([`start`],
+//! [`settle`]); it stays on that straight line across the yield at the end of a turn, and
+//! leaves it at the first thing that would wait, for a full pass that waits on all of
+//! them at once.
 //!
 //! # While a delivery is in a lane
 //!
@@ -62,6 +64,7 @@ mod pass;
 mod settle;
 mod start;
 mod stop;
+mod turn;
 
 use std::future::{Future, poll_fn};
 use std::sync::Arc;
@@ -86,6 +89,7 @@ use crate::registration::BatchLimits;
 use crate::registration::LaneKey;
 use pass::{Event, StopSignal};
 use settle::Timed;
+use turn::Turn;
 
 /// After a subscription error, wait this long before fetching again.
 const ERROR_PAUSE: Duration = Duration::from_millis(200);
@@ -170,6 +174,7 @@ pub(super) async fn run<Sub, S, L>(
         pending: None,
         lanes,
         stop: StopSignal::new(stop),
+        turn: Turn::new(),
         at_bound: false,
         fetch_errors: ErrorRun::default(),
         settle_errors: ErrorRun::default(),
@@ -228,6 +233,8 @@ struct Driver<'s, Sub: Subscription, S, L> {
     pending: Waiting<Sub::Receipt>,
     lanes: Lanes,
     stop: StopSignal,
+    /// How many more deliveries it fetches before it gives its thread back.
+    turn: Turn,
     at_bound: bool,
     fetch_errors: ErrorRun,
     settle_errors: ErrorRun,

@@ -12,6 +12,7 @@ use tokio::task::JoinSet;
 
 use super::Driver;
 use super::settle::Timed;
+use super::turn::Turn;
 use crate::runtime::quiet::ErrorRun;
 use crate::runtime::shared::{Done, Shared};
 use crate::runtime::work::LaneWork;
@@ -88,10 +89,13 @@ where
                     let (subscription, slot) = (&mut self.subscription, self.slot.delivery_mut());
                     let now = pin!(poll_fn(|_| subscription.next_now(slot).map(Event::fetched)));
                     // Nothing runs and no timer is set: nothing can finish.
-                    poll_event::<_, L, _>(cx, None, &mut self.stop, now)
+                    poll_event::<_, L, _>(cx, None, (&mut self.stop, &mut self.turn), now)
                 };
                 let receipt = match polled {
-                    // Out of budget, or nothing at once: the full pass.
+                    // The turn is over: the straight line goes on when the task is
+                    // polled again.
+                    Poll::Pending if self.turn.yielded => return Poll::Pending,
+                    // Nothing at once: the full pass.
                     Poll::Pending => return Poll::Ready(None),
                     Poll::Ready(Event::Fetched(receipt)) => receipt,
                     Poll::Ready(event) => return Poll::Ready(Some(event)),
@@ -126,8 +130,12 @@ where
                 Event::Idle
             }
         });
-        let (set, stop) = (&mut self.set, &mut self.stop);
-        poll_fn(|cx| poll_event(cx, Some((&mut *set, &mut timers.set)), stop, fetch.as_mut())).await
+        let (set, stop, turn) = (&mut self.set, &mut self.stop, &mut self.turn);
+        poll_fn(|cx| {
+            let running = Some((&mut *set, &mut timers.set));
+            poll_event(cx, running, (&mut *stop, &mut *turn), fetch.as_mut())
+        })
+        .await
     }
 }
 
@@ -135,14 +143,14 @@ where
 type Running<'a, R, L> = (&'a mut L, &'a mut JoinSet<Done<R>>);
 
 /// The ladder: finished lanes, then timers (`running`: `None` when nothing runs and no
-/// timer is set), the stop signal, the budget and the fetch. The fetch lives as long as
+/// timer is set), the stop signal, the driver's turn and the fetch. The fetch lives as long as
 /// the pass waits (it holds the waker the broker wakes), and is dropped, like a
 /// `select!` branch, once something else comes first.
 #[inline(always)]
 fn poll_event<R, L, Fetch>(
     cx: &mut Context<'_>,
     running: Option<Running<'_, R, L>>,
-    stop: &mut StopSignal,
+    (stop, turn): (&mut StopSignal, &mut Turn),
     fetch: Pin<&mut Fetch>,
 ) -> Poll<Event<R>>
 where
@@ -168,17 +176,11 @@ where
     if stop.changed_to_stop() {
         return Poll::Ready(Event::Stop);
     }
-    // A broker with a backlog answers every fetch at once, and most clients' fetches
-    // (librdkafka's queue, the memory broker) take nothing from tokio's cooperative
-    // budget: each takes a unit here, so the driver gives its thread back every so many
-    // deliveries instead of only when the backlog is gone (the runtime's other tasks,
-    // timers and handler deadlines included, would wait that long).
-    let Poll::Ready(budget) = tokio::task::coop::poll_proceed(cx) else {
-        // Out of budget: this task is woken again at once, behind the others.
+    if !turn.proceed(cx) {
         return Poll::Pending;
-    };
+    }
     if let Poll::Ready(event) = fetch.poll(cx) {
-        budget.made_progress();
+        turn.made_progress();
         return Poll::Ready(event);
     }
     // Nothing to do: wait, and make sure a stop wakes this task.
