@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use ruststream::core::{
-    Capabilities, DeadLetters, Declaration, DelayedRedelivery, Descriptor, Publish, SubscribeError,
-    Verb,
+    BoxFuture, Capabilities, DeadLetters, Declaration, DelayedRedelivery, Descriptor, Outgoing,
+    Publish, PublishError, SubscribeError, Verb,
 };
 use ruststream::extract::Incoming;
 use ruststream::memory::{MemoryBroker, MemorySubscription, MemoryTopic};
@@ -180,4 +180,84 @@ async fn layers_wrap_the_handler_and_trace_layer_passes_outcomes_through() {
             .all(|c| c.completion == Completion::Outcome(HandlerOutcome::ack()))
     );
     test.stop().await;
+}
+
+/// A memory topic whose publisher panics (a transport's bug), so the runtime's delayed
+/// retry copy meets the panic in its timer.
+#[derive(Clone)]
+struct PanicsOnPublish(MemoryTopic);
+
+struct Panicking;
+
+impl Publish for Panicking {
+    fn publish(&self, _message: Outgoing) -> BoxFuture<'_, Result<(), PublishError>> {
+        Box::pin(async { panic!("the transport's publish panicked") })
+    }
+}
+
+impl Descriptor for PanicsOnPublish {
+    type Subscription = MemorySubscription;
+
+    fn address(&self) -> &str {
+        self.0.address()
+    }
+    fn retry_address(&self) -> Option<&str> {
+        self.0.retry_address()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.0.capabilities()
+    }
+    fn publisher(&self) -> Arc<dyn Publish> {
+        Arc::new(Panicking)
+    }
+    async fn open(self, declaration: &Declaration) -> Result<MemorySubscription, SubscribeError> {
+        self.0.open(declaration).await
+    }
+}
+
+/// A delayed retry copy whose publish panics in its timer still gives its place in
+/// flight back (SPEC G5): at `max_in_flight(1)` the next message is fetched only then. The
+/// original is left unsettled, and nothing else stops.
+#[tokio::test(start_paused = true)]
+async fn g5_a_delayed_copy_whose_publish_panics_gives_its_place_in_flight_back() {
+    let broker = MemoryBroker::new();
+    let seen = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let handler = {
+        let seen = Arc::clone(&seen);
+        move |Payload(payload): Payload| {
+            let seen = Arc::clone(&seen);
+            async move {
+                let text = String::from_utf8_lossy(&payload).into_owned();
+                let later = text == "later";
+                seen.lock().unwrap().push(text);
+                if later {
+                    HandlerOutcome::retry_after(std::time::Duration::from_millis(50))
+                } else {
+                    HandlerOutcome::ack()
+                }
+            }
+        }
+    };
+    let topic = broker.topic("orders").runtime_retries();
+    let running = App::new()
+        .register(on(PanicsOnPublish(topic), handler).max_in_flight(1))
+        .start()
+        .await
+        .unwrap();
+    for payload in ["later", "next"] {
+        broker
+            .publish(Outgoing::new("orders", bytes::Bytes::from(payload)))
+            .await;
+    }
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    while seen.lock().unwrap().len() < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the next message was never fetched: {:?}",
+            seen.lock().unwrap()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(*seen.lock().unwrap(), ["later", "next"]);
+    running.stop().await;
 }
