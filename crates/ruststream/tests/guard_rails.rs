@@ -392,3 +392,75 @@ async fn g1_a_hung_keyless_handler_holds_back_no_other_delivery() {
     gate.release.add_permits(1);
     running.stop().await;
 }
+
+/// What a batch handler saw of a backlog: the busy key's messages so far, and how many
+/// of those had come when each batch of the rare keys did.
+#[derive(Default)]
+struct Seen {
+    busy: std::sync::atomic::AtomicUsize,
+    rare_after: Mutex<Vec<usize>>,
+}
+
+async fn note_keys(
+    batch: Batch<u32>,
+    State(seen): State<std::sync::Arc<Seen>>,
+) -> Result<BatchOutcome, String> {
+    use std::sync::atomic::Ordering::SeqCst;
+    for item in batch.iter() {
+        if item.key().is_some_and(|k| k.starts_with(b"rare")) {
+            let busy = seen.busy.load(SeqCst);
+            seen.rare_after.lock().unwrap().push(busy);
+        } else {
+            seen.busy.fetch_add(1, SeqCst);
+        }
+    }
+    Ok(BatchOutcome::ack_all())
+}
+
+/// A backlog's driver gives its thread back every 128 deliveries, and each time also looks
+/// at what its straight line does not: a batch on a lane the backlog's key does not reach
+/// is cut at its `max_wait`, not only once the backlog is gone (a quiet key's messages
+/// would otherwise wait, in flight, for the whole backlog).
+#[tokio::test]
+async fn a_backlog_still_cuts_a_quiet_lanes_batch_at_its_max_wait() {
+    const BACKLOG: usize = 20_000;
+    const RARE: usize = 16;
+    let broker = MemoryBroker::with_capacity(BACKLOG + RARE + 1);
+    // Sixteen keys of one message each: some land on another lane than the busy key.
+    let keyed = |key: String| {
+        let mut message = Outgoing::new("keyed", "1");
+        message.key = Some(key.into());
+        message
+    };
+    for n in 0..RARE {
+        broker.publish(keyed(format!("rare-{n}"))).await;
+    }
+    for _ in 0..BACKLOG {
+        broker.publish(keyed("busy".to_owned())).await;
+    }
+    let seen = std::sync::Arc::new(Seen::default());
+    let running = App::new()
+        .state(std::sync::Arc::clone(&seen))
+        .register(
+            on_batch(broker.topic("keyed"), note_keys)
+                .lanes(2)
+                .max_batch(100)
+                // Short next to the backlog (some 30 ms in a debug build here).
+                .max_wait(Duration::from_millis(1)),
+        )
+        .start()
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while seen.busy.load(std::sync::atomic::Ordering::SeqCst) < BACKLOG {
+        assert!(Instant::now() < deadline, "the backlog drained");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    running.stop().await;
+    let rare_after = seen.rare_after.lock().unwrap().clone();
+    assert_eq!(rare_after.len(), RARE, "every rare key's message came");
+    assert!(
+        rare_after.iter().all(|&busy| busy < BACKLOG / 2),
+        "a quiet lane's batch waited for the backlog: the busy key's count when each rare message came: {rare_after:?}"
+    );
+}

@@ -24,9 +24,10 @@
 //! a backlog with every lane free and no timer set, takes the same ladder with the
 //! subscription's immediate fetch (`Subscription::next_now`) and runs delivery after
 //! delivery within one poll: fetched, started, polled once, settled ([`start`],
-//! [`settle`]); it stays on that straight line across the yield at the end of a turn, and
-//! leaves it at the first thing that would wait, for a full pass that waits on all of
-//! them at once.
+//! [`settle`]); it leaves that straight line at the first thing that would wait, for a
+//! full pass that waits on all of them at once, and after the yield at the end of a turn,
+//! for a full pass that looks at what the straight line does not (a batch due by
+//! `max_wait` on another lane).
 //!
 //! # While a delivery is in a lane
 //!

@@ -65,7 +65,13 @@ where
         // A delivery the straight line goes on from was settled in its first poll (or
         // gathered into a batch), and nothing in it sets a timer or makes one wait.
         let idle = timers.set.is_empty() && self.pending.is_none();
+        let mut yielded = false;
         let straight = poll_fn(|cx| {
+            // Polled again after its turn's yield: a full pass first, which looks at
+            // what the straight line does not (a batch due by `max_wait`).
+            if yielded {
+                return Poll::Ready(None);
+            }
             loop {
                 debug_assert!(!idle || self.pending.is_none());
                 // The rest of a finished batch first, each settled here when that waits
@@ -92,9 +98,11 @@ where
                     poll_event::<_, L, _>(cx, None, (&mut self.stop, &mut self.turn), now)
                 };
                 let receipt = match polled {
-                    // The turn is over: the straight line goes on when the task is
-                    // polled again.
-                    Poll::Pending if self.turn.yielded => return Poll::Pending,
+                    // The turn is over: the task yields.
+                    Poll::Pending if self.turn.yielded => {
+                        yielded = true;
+                        return Poll::Pending;
+                    }
                     // Nothing at once: the full pass.
                     Poll::Pending => return Poll::Ready(None),
                     Poll::Ready(Event::Fetched(receipt)) => receipt,
@@ -194,7 +202,8 @@ where
 /// load, and the value itself only when it changed (first pass included, so a stop asked
 /// before the start is seen, as is a dropped app, whose sender is gone). The value is
 /// read, never awaited: tokio's `watch::changed` answers `Pending` when the task's
-/// cooperative budget is spent, whatever the value, and a backlog spends it. The waiter
+/// cooperative budget is spent, whatever the value, and a handler's tokio I/O may spend
+/// it. The waiter
 /// only wakes this task when the loop is about to wait.
 pub(super) struct StopSignal {
     probe: watch::Receiver<bool>,
@@ -305,8 +314,8 @@ mod tests {
 
     use super::StopSignal;
 
-    /// A backlog the driver works through in one poll spends the task's cooperative
-    /// budget; a stop asked just then is seen all the same. (Seen through
+    /// Handlers' tokio I/O in a backlog the driver works through in one poll spends the
+    /// task's cooperative budget; a stop asked just then is seen all the same. (Seen through
     /// `watch::changed`, which answers `Pending` on a spent budget, it was lost once the
     /// probe had been marked seen, and the driver fetched on for ever: an uncapped retry
     /// loop on the memory broker never stopped, about one stop in 300 under load.)
