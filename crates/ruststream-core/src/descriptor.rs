@@ -99,6 +99,10 @@ pub trait Descriptor: Clone + Send + 'static {
 /// Tells whether a connection is up (see [`Subscription::link`]).
 pub type LinkProbe = Arc<dyn Fn() -> bool + Send + Sync>;
 
+/// What a delayed retry copy's timer asks before it makes the copy (see
+/// [`Subscription::parked`]): whether the delivery is still the subscription's to settle.
+pub type StillHeld = Box<dyn Fn() -> bool + Send + Sync>;
+
 /// One figure of a subscription's backlog, as the broker tells it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Backlog {
@@ -207,7 +211,7 @@ pub trait Subscription: Send + 'static {
     /// partition moved, or an aborted window rewound it, so the record is read again and
     /// waits again) makes no copy and leaves the delivery unsettled. Called from the
     /// timer's task. Default: `None`, the copy is always made.
-    fn parked(&mut self, receipt: &Self::Receipt) -> Option<Box<dyn Fn() -> bool + Send + Sync>> {
+    fn parked(&mut self, receipt: &Self::Receipt) -> Option<StillHeld> {
         let _ = receipt;
         None
     }

@@ -71,7 +71,7 @@ pub use capabilities::{Capabilities, DeadLetters, DelayedRedelivery, Verb};
 pub use declaration::Declaration;
 pub use delivery::{Attempt, AttemptSource, Delivery, HeaderSource, Metadata, PositionSource};
 pub use describe::Described;
-pub use descriptor::{Backlog, BacklogProbe, Descriptor, LinkProbe, Subscription};
+pub use descriptor::{Backlog, BacklogProbe, Descriptor, LinkProbe, StillHeld, Subscription};
 pub use due::Held;
 pub use env::{Env, EnvError, FromEnvError};
 pub use error::{AckError, Cause, ConnectError, PublishError, PublishErrorKind, SubscribeError};

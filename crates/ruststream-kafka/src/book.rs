@@ -6,11 +6,11 @@ use std::sync::atomic::{AtomicI64, Ordering};
 
 use rdkafka::TopicPartitionList;
 use rdkafka::error::{KafkaError, KafkaResult};
+use ruststream_core::StillHeld;
 
 use crate::context::{Moves, NOTHING};
 use crate::receipt::KafkaReceipt;
 use crate::tracker::OffsetTracker;
-use crate::window::StillHeld;
 
 #[derive(Debug)]
 struct PartitionState {

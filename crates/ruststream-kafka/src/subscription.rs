@@ -13,7 +13,7 @@ use rdkafka::error::KafkaResult;
 use rdkafka::message::{BorrowedMessage, Message};
 use ruststream_core::{
     AckError, AddressNames, Attempt, BacklogProbe, Cause, Delivery, LinkProbe, Metadata, Settle,
-    SubscribeError, Subscription,
+    StillHeld, SubscribeError, Subscription,
 };
 use yoke::Yoke;
 
@@ -545,7 +545,7 @@ impl Subscription for KafkaSubscription {
     /// partition moves, or an aborted window rewinds it, the record is read again and waits
     /// again, so this wait's copy is not made (two copies otherwise). Under `Auto` the
     /// position passed it at hand-over: the copy is always made.
-    fn parked(&mut self, receipt: &KafkaReceipt) -> Option<Box<dyn Fn() -> bool + Send + Sync>> {
+    fn parked(&mut self, receipt: &KafkaReceipt) -> Option<StillHeld> {
         if self.commit == Mode::Auto {
             return None;
         }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use rdkafka::consumer::Consumer;
 use rdkafka::producer::{FutureProducer, Producer};
 use rdkafka::{Offset, TopicPartitionList};
-use ruststream_core::{Settle, SubscribeError};
+use ruststream_core::{Settle, StillHeld, SubscribeError};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
@@ -331,10 +331,6 @@ const ABORT_TRIES: u32 = 3;
 fn retriable(error: &rdkafka::error::KafkaError) -> bool {
     matches!(error, rdkafka::error::KafkaError::Transaction(e) if e.is_retriable())
 }
-
-/// What a delayed copy's timer asks before it makes the copy: whether the original is
-/// still the subscription's to settle.
-pub(crate) type StillHeld = Box<dyn Fn() -> bool + Send + Sync>;
 
 /// Originals waiting for their delayed copies (`retry_after`), by their partition's place
 /// in the book, offset and generation. A wait whose timer found its original read again

@@ -17,8 +17,8 @@ use lapin::options::{
 use lapin::types::{FieldTable, ShortString};
 use lapin::{Channel, Consumer};
 use ruststream_core::{
-    AckError, Attempt, Delivery, Held, MESSAGE_ID_HEADER, Metadata, Settle, SubscribeError,
-    Subscription,
+    AckError, Attempt, Delivery, Held, MESSAGE_ID_HEADER, Metadata, Settle, StillHeld,
+    SubscribeError, Subscription,
 };
 use tokio::time::{Instant, Sleep};
 
@@ -430,7 +430,7 @@ impl Subscription for RabbitSubscription {
     /// A classic queue's delayed copy: when the channel the original came on is lost
     /// during the wait, the broker gives the original back (read again, it waits again),
     /// so this wait makes no copy.
-    fn parked(&mut self, receipt: &RabbitReceipt) -> Option<Box<dyn Fn() -> bool + Send + Sync>> {
+    fn parked(&mut self, receipt: &RabbitReceipt) -> Option<StillHeld> {
         let channel = self.session.as_ref()?.channel.clone();
         let current = self.current(receipt);
         Some(Box::new(move || current && channel.status().connected()))

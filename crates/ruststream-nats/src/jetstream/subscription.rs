@@ -9,7 +9,8 @@ use async_nats::{Client, Subject};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use ruststream_core::{
-    AckError, Backlog, BacklogProbe, Delivery, LinkProbe, Settle, SubscribeError, Subscription,
+    AckError, Backlog, BacklogProbe, Delivery, LinkProbe, Settle, StillHeld, SubscribeError,
+    Subscription,
 };
 use std::collections::VecDeque;
 use std::future::poll_fn;
@@ -338,7 +339,7 @@ impl Subscription for JetStreamSubscription {
     }
 
     /// Its retry copy waits for a timer; the original, unsettled meanwhile, is kept alive.
-    fn parked(&mut self, receipt: &Receipt) -> Option<Box<dyn Fn() -> bool + Send + Sync>> {
+    fn parked(&mut self, receipt: &Receipt) -> Option<StillHeld> {
         self.keep_alive(receipt, false);
         None
     }

@@ -3,7 +3,7 @@
 use std::ops::ControlFlow;
 use std::sync::Arc;
 
-use ruststream_core::{AckError, Settle, Subscription};
+use ruststream_core::{AckError, Settle, StillHeld, Subscription};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep_until};
@@ -129,7 +129,7 @@ fn start_timer<S: Send + Sync + 'static, R: Send + 'static>(
     shared: Arc<Shared<S>>,
     receipt: R,
     delayed: DelayedCopy,
-    still_held: Option<Box<dyn Fn() -> bool + Send + Sync>>,
+    still_held: Option<StillHeld>,
     timers: &mut Timed<R>,
 ) {
     let DelayedCopy {
