@@ -235,9 +235,17 @@ pub trait Subscription: Send + 'static {
     /// its lane, when the runtime fetches nothing either (a slow handler ahead of a
     /// backlog): JetStream keeps what its client pulled ahead alive, which would outwait
     /// `ack_wait` in the client's buffer otherwise. Polled with the driver's context,
-    /// dropped when the lane frees. Must be cancel safe. Default: nothing (never returns).
+    /// dropped when the lane frees. Must be cancel safe. Default: the [`idle`](Self::idle)
+    /// upkeep, called again each time it returns, so what a subscription holds is let go
+    /// when due here too (Pulsar's, RabbitMQ's and Redis's `retry_after` waits, gathered
+    /// acknowledgements), not once the lane frees. An `idle` that returns must have waited
+    /// for something, or this spins.
     fn while_waiting(&mut self) -> impl Future<Output = ()> + Send {
-        std::future::pending()
+        async move {
+            loop {
+                self.idle().await;
+            }
+        }
     }
 
     /// Whether the connection this subscription reads through is up, for the app's

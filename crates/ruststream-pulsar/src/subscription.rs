@@ -403,8 +403,10 @@ impl Subscription for PulsarSubscription {
         self.held.len()
     }
 
-    /// At `max_in_flight` the driver stops calling `next`: held waits that come due are
-    /// nacked here, which frees room (G5); without it they would wait forever.
+    /// At `max_in_flight`, and while a delivery waits for its lane, the driver stops
+    /// calling `next`: held waits that come due are nacked here (which frees room, G5),
+    /// so the broker delivers them again on time, to another consumer of the
+    /// subscription too; without it they would wait for the next fetch, or forever.
     async fn idle(&mut self) {
         let Some(due) = self.held.next_due() else {
             return std::future::pending().await;

@@ -564,3 +564,93 @@ async fn p3_acks_are_individual_on_exclusive() {
 async fn p3_acks_are_individual_on_failover() {
     only_the_unacknowledged_first_comes_back(SubType::Failover).await;
 }
+
+/// A held wait comes due while a delivery waits for its lane (one lane, a slow handler
+/// and one queued delivery ahead of it): its nack goes out when the wait is over, not once the lane
+/// frees, so the broker delivers it again on time (to another consumer of the
+/// subscription too). The slow handler runs until the relay sees the nack, or 10 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn p1_a_held_wait_is_nacked_when_due_while_a_delivery_waits_for_its_lane() {
+    use common::relay::REDELIVER_UNACKNOWLEDGED_MESSAGES as REDELIVER;
+    use std::sync::Mutex;
+    use std::time::Instant;
+
+    let (pulsar, sent) = common::pulsar_watched().await;
+    let topic = unique("p1-held-while-waiting");
+    // One lane holds one delivery and queues one more: `next` waits for room.
+    for payload in ["held", "slow", "queued", "next"] {
+        pulsar
+            .publisher()
+            .send(&topic, None, &Headers::new(), payload.as_bytes().to_vec())
+            .await
+            .expect("the broker took it");
+    }
+    let calls: Arc<Mutex<Vec<(String, u32, Instant)>>> = Arc::default();
+    let released_by_nack = Arc::new(Mutex::new(None));
+    let (record, released) = (Arc::clone(&calls), Arc::clone(&released_by_nack));
+    let handler = move |delivery: ruststream::Delivery| {
+        let (record, released, sent) = (Arc::clone(&record), Arc::clone(&released), sent.clone());
+        async move {
+            let payload = String::from_utf8_lossy(delivery.payload_slice()).into_owned();
+            let attempt = delivery.attempt().number();
+            record
+                .lock()
+                .unwrap()
+                .push((payload.clone(), attempt, Instant::now()));
+            match (payload.as_str(), attempt) {
+                ("held", 1) => HandlerOutcome::retry_after(Duration::from_millis(300)),
+                ("slow", _) => {
+                    let deadline = Instant::now() + Duration::from_secs(10);
+                    while sent.times(REDELIVER).is_empty() && Instant::now() < deadline {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                    *released.lock().unwrap() = sent.times(REDELIVER).first().copied();
+                    HandlerOutcome::ack()
+                }
+                _ => HandlerOutcome::ack(),
+            }
+        }
+    };
+    let app = start(
+        App::new().register(on(
+            pulsar
+                .topic(&topic)
+                .subscription("s")
+                .subscription_type(SubType::Shared),
+            handler,
+        )),
+    )
+    .await;
+    eventually(Duration::from_secs(30), "held handled again", || {
+        calls
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(p, a, _)| p == "held" && *a == 2)
+    })
+    .await;
+    app.stop().await;
+    let calls = calls.lock().unwrap().clone();
+    let order: Vec<(&str, u32)> = calls.iter().map(|(p, a, _)| (p.as_str(), *a)).collect();
+    assert_eq!(
+        order,
+        [
+            ("held", 1),
+            ("slow", 1),
+            ("queued", 1),
+            ("next", 1),
+            ("held", 2)
+        ],
+        "one lane: in order, the held one last"
+    );
+    let nacked = released_by_nack
+        .lock()
+        .unwrap()
+        .expect("the nack went out while `slow` ran (`next` waiting for the lane)");
+    let held_at = calls[0].2;
+    assert!(
+        nacked >= held_at + Duration::from_millis(300),
+        "nacked after its 300 ms, not before: {:?}",
+        nacked - held_at
+    );
+}

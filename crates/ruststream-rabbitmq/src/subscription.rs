@@ -440,8 +440,10 @@ impl Subscription for RabbitSubscription {
         self.held.len()
     }
 
-    /// At `max_in_flight` the driver stops calling `next`: held waits that come due are
-    /// nacked here, which frees room (G5); without it they would wait forever.
+    /// At `max_in_flight`, and while a delivery waits for its lane, the driver stops
+    /// calling `next`: the gathered acks are sent and held waits that come due are
+    /// nacked here (which frees room, G5); without it they would wait for the next
+    /// fetch, or forever.
     async fn idle(&mut self) {
         if self.unacked.waiting() > 0 || self.sending.is_some() {
             self.flush_acks().await;

@@ -310,9 +310,10 @@ impl Subscription for RedisSubscription {
         self.held.len()
     }
 
-    /// At `max_in_flight` the driver stops calling `next`: the acknowledgements gathered
-    /// are sent, and held waits that come due are claimed here, which frees room (G5);
-    /// without it they would wait forever.
+    /// At `max_in_flight`, and while a delivery waits for its lane, the driver stops
+    /// calling `next`: the acknowledgements gathered are sent, and held waits that come
+    /// due are claimed here (which frees room, G5); without it they would wait for the
+    /// next fetch (another consumer claiming them after the claim timeout), or forever.
     async fn idle(&mut self) {
         self.flush_acks().await;
         let Some(due) = self.held.next_due() else {

@@ -19,6 +19,8 @@
 //! encoded command changes.
 
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -30,7 +32,33 @@ const MAGIC: [u8; 2] = [0x0e, 0x01];
 /// long as the broker's; returns its address.
 pub async fn start(broker: String) -> SocketAddr {
     let listener = bind_like(&broker).await;
-    serve(listener, broker)
+    serve(listener, broker, None)
+}
+
+/// The `type` of Pulsar's `BaseCommand` a client sends to have messages delivered again
+/// (a nack).
+pub const REDELIVER_UNACKNOWLEDGED_MESSAGES: u64 = 20;
+
+/// The commands clients sent through a watched relay: when, and of which `type`.
+#[derive(Clone, Default)]
+pub struct Sent(Arc<Mutex<Vec<(Instant, u64)>>>);
+
+impl Sent {
+    /// When each command of type `kind` passed, in order.
+    pub fn times(&self, kind: u64) -> Vec<Instant> {
+        let sent = self.0.lock().expect("not poisoned");
+        sent.iter()
+            .filter(|(_, k)| *k == kind)
+            .map(|(at, _)| *at)
+            .collect()
+    }
+}
+
+/// Like [`start`], also noting the type of every command clients send.
+pub async fn start_watched(broker: String) -> (SocketAddr, Sent) {
+    let listener = bind_like(&broker).await;
+    let sent = Sent::default();
+    (serve(listener, broker, Some(sent.clone())), sent)
 }
 
 /// Like [`start`], but nothing listens on the returned address until `after` passed (a
@@ -45,12 +73,12 @@ pub async fn start_later(broker: String, after: std::time::Duration) -> SocketAd
         let listener = TcpListener::bind(address)
             .await
             .expect("bind the late relay");
-        serve(listener, broker);
+        serve(listener, broker, None);
     });
     address
 }
 
-fn serve(listener: TcpListener, broker: String) -> SocketAddr {
+fn serve(listener: TcpListener, broker: String, sent: Option<Sent>) -> SocketAddr {
     let address = listener.local_addr().expect("relay address");
     let from = format!("pulsar://{broker}").into_bytes();
     let to = format!("pulsar://{address}").into_bytes();
@@ -64,6 +92,7 @@ fn serve(listener: TcpListener, broker: String) -> SocketAddr {
         while let Ok((client, _)) = listener.accept().await {
             let broker = broker.clone();
             let urls = std::sync::Arc::clone(&urls);
+            let sent = sent.clone();
             tokio::spawn(async move {
                 let Ok(upstream) = TcpStream::connect(&broker).await else {
                     return;
@@ -72,7 +101,10 @@ fn serve(listener: TcpListener, broker: String) -> SocketAddr {
                 let _ = upstream.set_nodelay(true);
                 let (client_read, mut client_write) = client.into_split();
                 let (mut upstream_read, upstream_write) = upstream.into_split();
-                tokio::spawn(pass_through(client_read, upstream_write));
+                match sent {
+                    None => tokio::spawn(pass_through(client_read, upstream_write)),
+                    Some(sent) => tokio::spawn(watch_through(client_read, upstream_write, sent)),
+                };
                 let _ =
                     add_checksums(&mut upstream_read, &mut client_write, &urls.0, &urls.1).await;
             });
@@ -84,6 +116,42 @@ fn serve(listener: TcpListener, broker: String) -> SocketAddr {
 async fn pass_through(mut from: OwnedReadHalf, mut to: OwnedWriteHalf) {
     let _ = tokio::io::copy(&mut from, &mut to).await;
     let _ = to.shutdown().await;
+}
+
+/// Passes frames on whole, noting each command's type: the `BaseCommand`'s field 1 (a
+/// varint), which its encoding writes first.
+async fn watch_through(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, sent: Sent) {
+    let mut frame = Vec::new();
+    while let Ok(total) = from.read_u32().await {
+        frame.resize(total as usize, 0);
+        if from.read_exact(&mut frame).await.is_err() {
+            break;
+        }
+        if let Some(kind) = command_type(&frame) {
+            let mut seen = sent.0.lock().expect("not poisoned");
+            seen.push((Instant::now(), kind));
+        }
+        if to.write_u32(total).await.is_err() || to.write_all(&frame).await.is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown().await;
+}
+
+/// The `type` of the command in `frame` (after its total size).
+fn command_type(frame: &[u8]) -> Option<u64> {
+    let command = frame.get(4..)?;
+    if command.first() != Some(&0x08) {
+        return None;
+    }
+    let mut kind = 0u64;
+    for (i, byte) in command[1..].iter().take(10).enumerate() {
+        kind |= u64::from(byte & 0x7f) << (7 * i);
+        if byte & 0x80 == 0 {
+            return Some(kind);
+        }
+    }
+    None
 }
 
 /// Binds 127.0.0.1 on a port with as many digits as `broker`'s.
@@ -166,6 +234,19 @@ fn crc32c(data: &[u8]) -> u32 {
     !data.iter().fold(!0u32, |crc, &b| {
         table[((crc ^ u32::from(b)) & 0xff) as usize] ^ (crc >> 8)
     })
+}
+
+#[cfg(test)]
+#[test]
+fn a_commands_type_is_read_from_its_first_field() {
+    // total size left out; command size 4; type 20 (one byte), then another field.
+    assert_eq!(
+        command_type(&[0, 0, 0, 4, 0x08, 20, 0xa2, 0x01]),
+        Some(REDELIVER_UNACKNOWLEDGED_MESSAGES)
+    );
+    // A type of two varint bytes (300 = 0b10_0101100).
+    assert_eq!(command_type(&[0, 0, 0, 3, 0x08, 0xac, 0x02]), Some(300));
+    assert_eq!(command_type(&[0, 0, 0, 2, 0x10, 1]), None, "not field 1");
 }
 
 #[cfg(test)]

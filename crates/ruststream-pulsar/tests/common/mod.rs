@@ -13,6 +13,17 @@ pub use ruststream_test_support::{
 /// pulsar-lite, reached through a relay that adds the checksum section its message
 /// frames leave out (see `ruststream_test_support::pulsar_relay`). A missing broker fails the test.
 pub async fn pulsar() -> Pulsar {
+    let relay = relay::start(broker().await).await;
+    connect(relay).await
+}
+
+/// Like [`pulsar`], through a relay that notes the commands the client sends.
+pub async fn pulsar_watched() -> (Pulsar, relay::Sent) {
+    let (relay, sent) = relay::start_watched(broker().await).await;
+    (connect(relay).await, sent)
+}
+
+async fn broker() -> String {
     capture_logs("debug,pulsar=info");
     let broker = std::env::var("RUSTSTREAM_PULSAR_ADDR").unwrap_or_else(|_| {
         panic!("RUSTSTREAM_PULSAR_ADDR is not set: run the tests with scripts/test, which starts pulsar-lite")
@@ -20,7 +31,10 @@ pub async fn pulsar() -> Pulsar {
     if tokio::net::TcpStream::connect(&broker).await.is_err() {
         panic!("the Pulsar tests need pulsar-lite listening at {broker}");
     }
-    let relay = relay::start(broker).await;
+    broker
+}
+
+async fn connect(relay: std::net::SocketAddr) -> Pulsar {
     Pulsar::connect(&format!("pulsar://{relay}"))
         .await
         .unwrap_or_else(|e| panic!("connecting through the relay: {e}"))

@@ -1,6 +1,7 @@
 //! S3, S4, G5: retry and retry-after keep the entry pending in Redis and claim it again;
 //! a stop gives held waits back; held waits come due at `max_in_flight`.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -176,4 +177,120 @@ async fn g5_held_retry_after_waits_come_due_at_max_in_flight() {
     .await;
     running.stop().await;
     assert_eq!(pending(&redis, &key, "g").await, 0);
+}
+
+/// While a delivery waits for its lane (one lane, a slow handler and one queued delivery
+/// ahead of it) the driver reads nothing: the acknowledgements gathered are sent and a
+/// held wait that comes due is claimed then, not once the lane frees. The slow handler
+/// runs until Redis shows both, or 10 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s4_a_held_wait_is_claimed_when_due_while_a_delivery_waits_for_its_lane() {
+    let redis = redis().await;
+    let key = stream("s4-held-while-waiting");
+    for payload in ["acked", "held", "slow", "queued", "next"] {
+        add(&redis, &key, payload.as_bytes()).await;
+    }
+    let ids = ids_by_payload(&redis, &key).await;
+    // Each call's payload and attempt.
+    let calls: Arc<std::sync::Mutex<Vec<Call>>> = Arc::default();
+    let shown = Arc::new(std::sync::Mutex::new(None));
+    let handler = {
+        let (redis, key, ids) = (redis.clone(), key.clone(), ids.clone());
+        let (calls, shown) = (Arc::clone(&calls), Arc::clone(&shown));
+        move |d: ruststream::Delivery| {
+            let (redis, key, ids) = (redis.clone(), key.clone(), ids.clone());
+            let (calls, shown) = (Arc::clone(&calls), Arc::clone(&shown));
+            async move {
+                let attempt = d.attempt().number();
+                calls.lock().unwrap().push((d.payload().to_vec(), attempt));
+                match (&d.payload()[..], attempt) {
+                    (b"held", 1) => HandlerOutcome::retry_after(Duration::from_millis(300)),
+                    (b"slow", _) => {
+                        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+                        let mut now = delivered(&redis, &key).await;
+                        let both = |now: &HashMap<String, i64>| {
+                            !now.contains_key(&ids["acked"]) && now.get(&ids["held"]) == Some(&2)
+                        };
+                        while !both(&now) && std::time::Instant::now() < deadline {
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                            now = delivered(&redis, &key).await;
+                        }
+                        *shown.lock().unwrap() = Some(now);
+                        HandlerOutcome::ack()
+                    }
+                    _ => HandlerOutcome::ack(),
+                }
+            }
+        }
+    };
+    let running = App::new()
+        .register(on(redis.stream(&key, "g"), handler))
+        .start()
+        .await
+        .expect("starts");
+    eventually(Duration::from_secs(30), "held handled again", || {
+        calls
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(payload, attempt)| payload == b"held" && *attempt == 2)
+    })
+    .await;
+    running.stop().await;
+    let shown = shown.lock().unwrap().clone().expect("`slow` ran");
+    assert_eq!(
+        shown.get(&ids["acked"]),
+        None,
+        "`acked`'s XACK went out while `slow` ran: {shown:?}"
+    );
+    assert_eq!(
+        shown.get(&ids["held"]),
+        Some(&2),
+        "`held` claimed again (its second delivery counted) while `slow` ran: {shown:?}"
+    );
+    assert_eq!(pending(&redis, &key, "g").await, 0);
+}
+
+type Call = (Vec<u8>, u32);
+
+/// An entry as `XRANGE` gives it: its id and its fields.
+type Entry = (String, Vec<(String, Vec<u8>)>);
+
+/// Each entry's id by its payload (the tests publish one payload per entry).
+async fn ids_by_payload(redis: &ruststream_redis::Redis, key: &str) -> HashMap<String, String> {
+    let mut connection = redis.connection();
+    let entries: Vec<Entry> = crate::support::query(
+        &mut connection,
+        ruststream_redis::redis::cmd("XRANGE")
+            .arg(key)
+            .arg("-")
+            .arg("+"),
+    )
+    .await;
+    entries
+        .into_iter()
+        .filter_map(|(id, fields)| {
+            let payload = fields.into_iter().find(|(name, _)| name == "payload")?.1;
+            Some((String::from_utf8(payload).ok()?, id))
+        })
+        .collect()
+}
+
+/// The pending entries of group `g` on `key`, and how many times each was delivered.
+async fn delivered(redis: &ruststream_redis::Redis, key: &str) -> HashMap<String, i64> {
+    let mut connection = redis.connection();
+    let pending: Vec<(String, String, i64, i64)> = crate::support::query(
+        &mut connection,
+        ruststream_redis::redis::cmd("XPENDING")
+            .arg(key)
+            .arg("g")
+            .arg("-")
+            .arg("+")
+            .arg(100),
+    )
+    .await;
+    pending
+        .into_iter()
+        .map(|(id, _, _, count)| (id, count))
+        .collect()
 }
