@@ -13,6 +13,9 @@
 //! metadata_size:u32 | metadata | payload`, big endian; the CRC covers everything after
 //! it.
 //!
+//! A watched relay ([`start_watched`]) also notes the type of each command a client
+//! sends (a test sees when a nack went out), passing the frames on unchanged.
+//!
 //! Topic lookups answer with the broker's own address, which would send the client around
 //! the relay. The relay listens on an address of the same length as the broker's and
 //! writes its own address over the broker's in those answers, so no length field of the
@@ -87,11 +90,11 @@ fn serve(listener: TcpListener, broker: String, sent: Option<Sent>) -> SocketAdd
         to.len(),
         "the relay's address must be as long as the broker's"
     );
-    let urls = std::sync::Arc::new((from, to));
+    let urls = Arc::new((from, to));
     tokio::spawn(async move {
         while let Ok((client, _)) = listener.accept().await {
             let broker = broker.clone();
-            let urls = std::sync::Arc::clone(&urls);
+            let urls = Arc::clone(&urls);
             let sent = sent.clone();
             tokio::spawn(async move {
                 let Ok(upstream) = TcpStream::connect(&broker).await else {
