@@ -88,6 +88,7 @@ mod descriptor;
 mod eos;
 mod lag;
 mod letters;
+mod paused;
 mod publish;
 mod queue;
 mod receipt;

@@ -7,7 +7,6 @@ use std::task::Poll;
 use std::time::Duration;
 
 use bytes::Bytes;
-use rdkafka::TopicPartitionList;
 use rdkafka::consumer::{CommitMode, Consumer};
 use rdkafka::error::KafkaResult;
 use rdkafka::message::{BorrowedMessage, Message};
@@ -20,6 +19,7 @@ use yoke::Yoke;
 use crate::book::{Book, StoreWhen};
 use crate::close::off_runtime;
 use crate::config::Mode;
+use crate::paused::Paused;
 use crate::queue::{self, Borrowed, Consumer_, NotNow, Record, Wakeup, headers_of, record_now};
 pub use crate::receipt::KafkaReceipt;
 use crate::window::{Tick, Window};
@@ -27,6 +27,8 @@ use crate::window::{Tick, Window};
 /// Records a subscription holds that were polled at `max_in_flight` (from partitions not
 /// paused yet) before it stops polling: a pause that does not hold cannot grow memory.
 const EARLY_LIMIT: usize = 64;
+/// How long a delivery waits for its lane before the consumer is polled meanwhile.
+const LONG_WAIT: Duration = Duration::from_millis(200);
 
 /// What one poll of the consumer gave.
 enum Polled<'c> {
@@ -51,10 +53,8 @@ pub struct KafkaSubscription {
     address: Arc<str>,
     close_timeout: Duration,
     window: Option<Window>,
-    /// Partitions paused at `max_in_flight` (G5), resumed by the next fetch. Every one
-    /// ever paused is resumed: librdkafka keeps an application pause across a revoke and
-    /// a later assignment of the same partition.
-    paused: TopicPartitionList,
+    /// Partitions paused while nothing is fetched, resumed by the next fetch.
+    paused: Paused,
     /// Records polled while paused (from partitions assigned since), handed out first.
     early: VecDeque<(Delivery, KafkaReceipt)>,
 }
@@ -88,7 +88,7 @@ impl KafkaSubscription {
             address: Arc::from(address),
             close_timeout,
             window,
-            paused: TopicPartitionList::new(),
+            paused: Paused::new(),
             early: VecDeque::new(),
         }
     }
@@ -272,56 +272,6 @@ impl KafkaSubscription {
         }
     }
 
-    /// Pauses the assigned partitions not paused yet (G5).
-    fn pause(&mut self, consumer: &Consumer_) {
-        let Ok(assignment) = consumer.assignment() else {
-            return;
-        };
-        let mut fresh = TopicPartitionList::new();
-        for element in assignment.elements() {
-            let (topic, partition) = (element.topic(), element.partition());
-            if self.paused.find_partition(topic, partition).is_none() {
-                fresh.add_partition(topic, partition);
-            }
-        }
-        if fresh.count() == 0 {
-            return;
-        }
-        match consumer.pause(&fresh) {
-            Ok(()) => {
-                tracing::debug!(
-                    address = &*self.address,
-                    partitions = fresh.count(),
-                    "max_in_flight reached; partitions paused"
-                );
-                for element in fresh.elements() {
-                    self.paused
-                        .add_partition(element.topic(), element.partition());
-                }
-            }
-            // Not marked paused: tried again on the next round.
-            Err(e) => {
-                tracing::warn!(address = &*self.address, error = %e, "pausing partitions at max_in_flight failed")
-            }
-        }
-    }
-
-    /// Resumes every partition paused at the bound.
-    #[inline]
-    fn resume(&mut self, consumer: &Consumer_) {
-        if self.paused.count() != 0 {
-            self.resume_paused(consumer);
-        }
-    }
-
-    #[cold]
-    fn resume_paused(&mut self, consumer: &Consumer_) {
-        let paused = std::mem::replace(&mut self.paused, TopicPartitionList::new());
-        if let Err(e) = consumer.resume(&paused) {
-            tracing::warn!(address = &*self.address, error = %e, "resuming partitions paused at max_in_flight failed");
-        }
-    }
-
     /// Performs one settlement (none waits for the cluster). The common case, a `Tracked`
     /// ack or drop, is the early branch; the others are out of line, so the code a record
     /// runs through stays small (instruction cache: see BENCHMARKS.md).
@@ -470,7 +420,7 @@ impl Subscription for KafkaSubscription {
         if !self.early.is_empty() {
             return Poll::Ready(self.hand_out_early(slot).map(Ok));
         }
-        self.resume(&consumer);
+        self.paused.resume(&consumer, &self.address);
         if self.window.is_some() {
             return Poll::Pending;
         }
@@ -519,7 +469,7 @@ impl Subscription for KafkaSubscription {
             return std::future::pending().await;
         }
         self.store_settled(StoreWhen::Any);
-        self.pause(&consumer);
+        self.paused.pause(&consumer, &self.address);
         match self.poll(&consumer).await {
             // From a partition assigned since the last pause (paused next round), or one
             // whose pause failed (tried again next round).
@@ -533,12 +483,16 @@ impl Subscription for KafkaSubscription {
         }
     }
 
-    /// The consumer is not polled while a delivery waits for its lane: what settled
-    /// meanwhile is stored now, not when the lane frees (a slow handler can hold it for
-    /// its whole deadline).
+    /// What settled is stored now, not when the lane frees. A wait of [`LONG_WAIT`] gets
+    /// the bound's upkeep (paused, polled): the member still takes part in a rebalance,
+    /// which the whole group waits for, and a window commits on time. A shorter wait does
+    /// not pause, which drops what librdkafka fetched ahead.
     async fn while_waiting(&mut self) {
         self.store_settled(StoreWhen::Any);
-        std::future::pending().await
+        tokio::time::sleep(LONG_WAIT).await;
+        loop {
+            self.idle().await;
+        }
     }
 
     /// Under `Tracked` and `Transactional` the record's position waits at it (D2): when its

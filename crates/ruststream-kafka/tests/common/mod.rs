@@ -11,6 +11,7 @@ use ruststream_kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, Topi
 use ruststream_kafka::rdkafka::client::DefaultClientContext;
 use ruststream_kafka::rdkafka::config::ClientConfig;
 use ruststream_kafka::rdkafka::consumer::{BaseConsumer, Consumer};
+use ruststream_kafka::rdkafka::groups::GroupInfo;
 use ruststream_kafka::rdkafka::message::{Headers as _, Message};
 use ruststream_kafka::rdkafka::{Offset, TopicPartitionList};
 pub use ruststream_test_support::{
@@ -130,6 +131,42 @@ pub async fn committed_becomes(
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Waits until the broker lists `group` as `Stable` with `members` members (ListGroups).
+/// tansu 0.6.0 keeps a member that leaves during a join as the group's leader, and the
+/// group then never forms again (docs/kafka.md): a test that stops a member waits for
+/// this first.
+pub async fn group_stable(group: &str, members: usize, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    let admin = std::sync::Arc::new(admin(&brokers()));
+    let mut seen = Vec::new();
+    loop {
+        let (admin_, group_) = (std::sync::Arc::clone(&admin), group.to_owned());
+        let states = blocking(move || {
+            let list = admin_
+                .inner()
+                .fetch_group_list(Some(&group_), Duration::from_secs(5));
+            let state = |g: &GroupInfo| (g.state().to_owned(), g.members().len());
+            list.map(|l| l.groups().iter().map(state).collect::<Vec<_>>())
+                .map_err(|e| e.to_string())
+        })
+        .await;
+        if seen.last() != Some(&states) {
+            seen.push(states.clone());
+        }
+        if let Ok(states) = &states
+            && states.iter().any(|(s, n)| s == "Stable" && *n == members)
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "group {group} did not become Stable with {members} members: {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    std::mem::forget(admin);
 }
 
 /// A record read back from a topic.

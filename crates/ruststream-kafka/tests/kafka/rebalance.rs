@@ -1,11 +1,12 @@
 //! K5: a member joins and leaves mid-run, and no commit passes unfinished work.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::common::{
-    committed_becomes, create_topic, eventually, kafka, logs, produce, topic, unique,
+    committed_becomes, create_topic, eventually, group_stable, kafka, logs, produce, topic, unique,
 };
 use ruststream::{App, HandlerOutcome, Headers, on};
 use ruststream_kafka::{Commit, Offset};
@@ -70,15 +71,26 @@ async fn k5_a_member_joins_and_leaves_mid_run_and_no_commit_passes_unfinished_wo
     }
     // When each (partition, offset) was first finished, by any member.
     let finished: Arc<Mutex<HashMap<(i32, i64), std::time::Instant>>> = Arc::default();
+    // Past the first 8, records wait until the second member has joined the group: the
+    // rebalance comes while they run, and the second member leaves a formed group.
+    let held = Arc::new(AtomicBool::new(true));
     let handler = {
-        let finished = Arc::clone(&finished);
+        let (finished, held) = (Arc::clone(&finished), Arc::clone(&held));
         move |d: ruststream::Delivery| {
-            let finished = Arc::clone(&finished);
+            let (finished, held) = (Arc::clone(&finished), Arc::clone(&held));
             async move {
                 let (p, o) = (
                     d.metadata().partition.unwrap(),
                     d.metadata().offset.unwrap(),
                 );
+                // Within the handler deadline (30 s) whatever happens.
+                let until = std::time::Instant::now() + Duration::from_secs(25);
+                while finished.lock().unwrap().len() >= 8
+                    && held.load(Ordering::SeqCst)
+                    && std::time::Instant::now() < until
+                {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
                 // Some records outlive the rebalance, so they settle after the revoke.
                 tokio::time::sleep(Duration::from_millis(if o % 7 == 0 { 400 } else { 40 })).await;
                 finished
@@ -108,6 +120,8 @@ async fn k5_a_member_joins_and_leaves_mid_run_and_no_commit_passes_unfinished_wo
             .register(on(topic(&kafka, &t, &group, Commit::Tracked), handler.clone()).lanes(4)),
     )
     .await;
+    group_stable(&group, 2, Duration::from_secs(20)).await;
+    held.store(false, Ordering::SeqCst);
     eventually(
         Duration::from_secs(30),
         "half done with two members",
@@ -161,6 +175,56 @@ async fn k5_a_member_joins_and_leaves_mid_run_and_no_commit_passes_unfinished_wo
     println!(
         "RELIABILITY|Kafka Commit::Tracked|80 records on 2 partitions, a second member joins and leaves mid-run (a real rebalance), {sampled} committed positions sampled, {late} settlements arriving after their partition moved|lost 0 of 80; no committed position passed unfinished work or went back|not counted here|none declared"
     );
+}
+
+/// A member whose handler is slow, with a delivery waiting behind it for its lane, still
+/// takes part in a rebalance: the group forms with a second member while the handler runs
+/// (the whole group would wait for the lane to free otherwise).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn k5_a_member_whose_delivery_waits_for_its_lane_still_takes_part_in_a_rebalance() {
+    let kafka = kafka().await;
+    let (t, group) = (unique("k5-lane"), unique("g"));
+    create_topic(&t, 2).await;
+    for _ in 0..6 {
+        produce(&kafka, &t, None, b"r", &Headers::new()).await;
+    }
+    let (slow_started, released) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let handler = {
+        let (slow_started, released) = (Arc::clone(&slow_started), Arc::clone(&released));
+        move |_: ruststream::Delivery| {
+            let (slow_started, released) = (Arc::clone(&slow_started), Arc::clone(&released));
+            async move {
+                // The first record runs until the test lets it go (within the deadline).
+                if !slow_started.swap(true, Ordering::SeqCst) {
+                    let until = std::time::Instant::now() + Duration::from_secs(25);
+                    while !released.load(Ordering::SeqCst) && std::time::Instant::now() < until {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+                HandlerOutcome::ack()
+            }
+        }
+    };
+    let member = || {
+        App::new()
+            .register(on(topic(&kafka, &t, &group, Commit::Tracked), handler.clone()).lanes(1))
+    };
+    let first = start(member()).await;
+    eventually(Duration::from_secs(30), "the slow record runs", || {
+        slow_started.load(Ordering::SeqCst)
+    })
+    .await;
+    // The next record is fetched and waits for the one lane.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let second = start(member()).await;
+    // Well before the slow handler ends (25 s).
+    group_stable(&group, 2, Duration::from_secs(15)).await;
+    released.store(true, Ordering::SeqCst);
+    second.stop().await;
+    first.stop().await;
 }
 
 /// Under load a member stores its settled positions once for many records (K3, see
