@@ -178,39 +178,54 @@ async fn k5_a_member_joins_and_leaves_mid_run_and_no_commit_passes_unfinished_wo
 }
 
 /// A member whose handler is slow, with a delivery waiting behind it for its lane, still
-/// takes part in a rebalance: the group forms with a second member while the handler runs
-/// (the whole group would wait for the lane to free otherwise).
+/// takes part in a rebalance: a second member gets its partition and works while the
+/// handler runs (the whole group would wait for the lane to free otherwise).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn k5_a_member_whose_delivery_waits_for_its_lane_still_takes_part_in_a_rebalance() {
     let kafka = kafka().await;
     let (t, group) = (unique("k5-lane"), unique("g"));
     create_topic(&t, 2).await;
-    for _ in 0..6 {
-        produce(&kafka, &t, None, b"r", &Headers::new()).await;
+    // Records on both partitions: whichever the second member gets, it has some.
+    let (publisher, none) = (kafka.publisher(), Headers::new());
+    for partition in [0, 1, 0, 1, 0, 1, 0, 1] {
+        let sent = publisher.send(&t, None, &none, b"r", Some(partition));
+        sent.await.expect("produce");
     }
+    // The first record runs until the test lets it go (within its deadline); the others
+    // are counted as they finish.
     let (slow_started, released) = (
         Arc::new(AtomicBool::new(false)),
         Arc::new(AtomicBool::new(false)),
     );
+    let finished = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let handler = {
-        let (slow_started, released) = (Arc::clone(&slow_started), Arc::clone(&released));
+        let (slow_started, released, finished) = (
+            Arc::clone(&slow_started),
+            Arc::clone(&released),
+            Arc::clone(&finished),
+        );
         move |_: ruststream::Delivery| {
-            let (slow_started, released) = (Arc::clone(&slow_started), Arc::clone(&released));
+            let (slow_started, released, finished) = (
+                Arc::clone(&slow_started),
+                Arc::clone(&released),
+                Arc::clone(&finished),
+            );
             async move {
-                // The first record runs until the test lets it go (within the deadline).
                 if !slow_started.swap(true, Ordering::SeqCst) {
-                    let until = std::time::Instant::now() + Duration::from_secs(25);
+                    let until = std::time::Instant::now() + Duration::from_secs(50);
                     while !released.load(Ordering::SeqCst) && std::time::Instant::now() < until {
                         tokio::time::sleep(Duration::from_millis(20)).await;
                     }
+                    return HandlerOutcome::ack();
                 }
+                finished.fetch_add(1, Ordering::SeqCst);
                 HandlerOutcome::ack()
             }
         }
     };
     let member = || {
-        App::new()
-            .register(on(topic(&kafka, &t, &group, Commit::Tracked), handler.clone()).lanes(1))
+        let registration = on(topic(&kafka, &t, &group, Commit::Tracked), handler.clone());
+        App::new().register(registration.lanes(1).timeout(Duration::from_secs(60)))
     };
     let first = start(member()).await;
     eventually(Duration::from_secs(30), "the slow record runs", || {
@@ -219,9 +234,20 @@ async fn k5_a_member_whose_delivery_waits_for_its_lane_still_takes_part_in_a_reb
     .await;
     // The next record is fetched and waits for the one lane.
     tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        finished.load(Ordering::SeqCst),
+        0,
+        "the first member's lane is held"
+    );
     let second = start(member()).await;
-    // Well before the slow handler ends (25 s).
-    group_stable(&group, 2, Duration::from_secs(15)).await;
+    // Only the second member can finish a record while the slow one runs (50 s), and
+    // only once the rebalance gave it a partition.
+    eventually(
+        Duration::from_secs(30),
+        "the second member works while the slow handler runs",
+        || finished.load(Ordering::SeqCst) > 0,
+    )
+    .await;
     released.store(true, Ordering::SeqCst);
     second.stop().await;
     first.stop().await;
