@@ -483,8 +483,8 @@ impl Subscription for KafkaSubscription {
         }
     }
 
-    /// What settled is stored now, not when the lane frees. A wait of [`LONG_WAIT`] gets
-    /// the bound's upkeep (paused, polled): the member still takes part in a rebalance,
+    /// What settled is stored now, not when the lane frees. A wait of 200 ms gets the
+    /// bound's upkeep (paused, polled): the member still takes part in a rebalance,
     /// which the whole group waits for, and a window commits on time. A shorter wait does
     /// not pause, which drops what librdkafka fetched ahead.
     async fn while_waiting(&mut self) {
