@@ -193,32 +193,27 @@ async fn k5_a_member_whose_delivery_waits_for_its_lane_still_takes_part_in_a_reb
     }
     // The first record runs until the test lets it go (within its deadline); the others
     // are counted as they finish.
-    let (slow_started, released) = (
-        Arc::new(AtomicBool::new(false)),
-        Arc::new(AtomicBool::new(false)),
-    );
-    let finished = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    #[derive(Default)]
+    struct Run {
+        slow_started: AtomicBool,
+        released: AtomicBool,
+        finished: std::sync::atomic::AtomicUsize,
+    }
+    let run = Arc::new(Run::default());
     let handler = {
-        let (slow_started, released, finished) = (
-            Arc::clone(&slow_started),
-            Arc::clone(&released),
-            Arc::clone(&finished),
-        );
+        let run = Arc::clone(&run);
         move |_: ruststream::Delivery| {
-            let (slow_started, released, finished) = (
-                Arc::clone(&slow_started),
-                Arc::clone(&released),
-                Arc::clone(&finished),
-            );
+            let run = Arc::clone(&run);
             async move {
-                if !slow_started.swap(true, Ordering::SeqCst) {
+                if !run.slow_started.swap(true, Ordering::SeqCst) {
                     let until = std::time::Instant::now() + Duration::from_secs(50);
-                    while !released.load(Ordering::SeqCst) && std::time::Instant::now() < until {
+                    while !run.released.load(Ordering::SeqCst) && std::time::Instant::now() < until
+                    {
                         tokio::time::sleep(Duration::from_millis(20)).await;
                     }
                     return HandlerOutcome::ack();
                 }
-                finished.fetch_add(1, Ordering::SeqCst);
+                run.finished.fetch_add(1, Ordering::SeqCst);
                 HandlerOutcome::ack()
             }
         }
@@ -229,13 +224,13 @@ async fn k5_a_member_whose_delivery_waits_for_its_lane_still_takes_part_in_a_reb
     };
     let first = start(member()).await;
     eventually(Duration::from_secs(30), "the slow record runs", || {
-        slow_started.load(Ordering::SeqCst)
+        run.slow_started.load(Ordering::SeqCst)
     })
     .await;
     // The next record is fetched and waits for the one lane.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(
-        finished.load(Ordering::SeqCst),
+        run.finished.load(Ordering::SeqCst),
         0,
         "the first member's lane is held"
     );
@@ -245,10 +240,10 @@ async fn k5_a_member_whose_delivery_waits_for_its_lane_still_takes_part_in_a_reb
     eventually(
         Duration::from_secs(30),
         "the second member works while the slow handler runs",
-        || finished.load(Ordering::SeqCst) > 0,
+        || run.finished.load(Ordering::SeqCst) > 0,
     )
     .await;
-    released.store(true, Ordering::SeqCst);
+    run.released.store(true, Ordering::SeqCst);
     second.stop().await;
     first.stop().await;
 }
