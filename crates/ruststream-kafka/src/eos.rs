@@ -9,12 +9,13 @@
 //! in the same transaction. Then it commits (`send_offsets_to_transaction` with the
 //! consumer's group metadata, then `commit_transaction`) and opens the next window.
 //!
-//! A `retry()`, a failed produce or a partition move makes the open window unable to
-//! commit: at the barrier it is aborted at once (not after the transaction timeout), the
-//! source partitions are rewound to their last committed positions (a partition the group
-//! has committed nothing for yet: to the first record the window read of it) and read
-//! again. A record waiting out `retry_after` whose copy was made in the aborted window is
-//! read again too.
+//! A `retry()`, a failed produce, a produce whose report its caller stopped waiting for
+//! (it may still land, and a copy is sent again after a timeout) or a partition move
+//! makes the open window unable to commit: at the barrier it is aborted at once (not
+//! after the transaction timeout), the source partitions are rewound to their last
+//! committed positions (a partition the group has committed nothing for yet: to the
+//! first record the window read of it) and read again. A record waiting out
+//! `retry_after` whose copy was made in the aborted window is read again too.
 //! Retry and dead-letter copies are produced through the pipeline too, so an aborted
 //! window leaves no orphan copy.
 //!
@@ -234,7 +235,10 @@ impl Publish for EosPublisher {
             if let Some(headers) = headers {
                 record = record.headers(headers);
             }
-            match producer.send(record, DELIVERY_TIMEOUT).await {
+            let mut unconfirmed = Unconfirmed(Some(&self.pipeline.doomed));
+            let sent = producer.send(record, DELIVERY_TIMEOUT).await;
+            unconfirmed.0 = None;
+            match sent {
                 Ok(_) => {
                     self.pipeline.records.fetch_add(1, Ordering::AcqRel);
                     Ok(())
@@ -249,6 +253,20 @@ impl Publish for EosPublisher {
                 }
             }
         })
+    }
+}
+
+/// A record handed to the producer but not yet confirmed. A caller that stops waiting
+/// (a timeout; the runtime's copy confirmation tries again after one) leaves it in the
+/// open transaction, where it may still land: the window must not commit it, since the
+/// caller may send it again. Dropped before the report, it dooms the window.
+struct Unconfirmed<'p>(Option<&'p AtomicBool>);
+
+impl Drop for Unconfirmed<'_> {
+    fn drop(&mut self) {
+        if let Some(doomed) = self.0 {
+            doomed.store(true, Ordering::Release);
+        }
     }
 }
 

@@ -186,6 +186,10 @@ impl Window {
     ) -> oneshot::Receiver<Closed> {
         // Parked copies may be publishing; wait for them, and keep others out meanwhile.
         let gate = Arc::clone(&self.pipeline.gate).write_owned().await;
+        // Asked again under the gate: a produce that failed, or whose report its caller
+        // stopped waiting for, while the window waited for it dooms this window.
+        let abort = abort || self.pipeline.doomed.load(Ordering::Acquire);
+        let pipeline = Arc::clone(&self.pipeline);
         let producer = Arc::clone(&self.producer);
         let consumer = Arc::clone(consumer);
         let offsets: Vec<(String, i32, i64)> = self
@@ -196,7 +200,6 @@ impl Window {
         self.parked.forget_given_up();
         let read = self.rewinds(moves);
         let (tx, rx) = oneshot::channel();
-        let id = self.pipeline.id.clone();
         std::thread::spawn(move || {
             let closed = if abort {
                 abort_and_rewind(&producer, &consumer, &read)
@@ -205,11 +208,13 @@ impl Window {
                     Ok(()) => Closed::Committed(offsets),
                     Err(e) if fenced(&e) => Closed::Fenced(e.to_string()),
                     Err(e) => {
-                        tracing::warn!(pipeline = %id, error = %e, "commit failed; aborting the window");
+                        tracing::warn!(pipeline = %pipeline.id, error = %e, "commit failed; aborting the window");
                         abort_and_rewind(&producer, &consumer, &read)
                     }
                 }
             };
+            // The next transaction is open: it starts undoomed before any produce joins it.
+            pipeline.doomed.store(false, Ordering::Release);
             drop(gate);
             let _ = tx.send(closed);
         });
@@ -257,7 +262,6 @@ impl Window {
         self.offsets.clear();
         self.reads.clear(moves);
         self.doomed = false;
-        self.pipeline.doomed.store(false, Ordering::Release);
         self.began = Instant::now();
     }
 

@@ -355,16 +355,10 @@ async fn k6_read_committed_sees_each_output_exactly_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn k6_a_failed_produce_aborts_the_window_even_if_the_handler_acks() {
-    let kafka = kafka().await;
-    let (input, output, group) = (unique("eos-fail-in"), unique("eos-fail-out"), unique("g"));
-    create_topic(&input, 1).await;
-    create_topic(&output, 1).await;
-    let pipeline =
-        EosPipeline::new(&kafka, unique("tx")).commit_interval(Duration::from_millis(200));
-    let reports = collect(&pipeline);
+    let f = fresh("eos-fail").await;
     let failed_once = Arc::new(Mutex::new(false));
     let handler = {
-        let (output, failed_once) = (output.clone(), Arc::clone(&failed_once));
+        let (output, failed_once) = (f.output.clone(), Arc::clone(&failed_once));
         move |_d: Delivery, publisher: Publisher| {
             let (output, failed_once) = (output.clone(), Arc::clone(&failed_once));
             async move {
@@ -381,24 +375,115 @@ async fn k6_a_failed_produce_aborts_the_window_even_if_the_handler_acks() {
             }
         }
     };
+    three_committed(&f, handler).await;
+    one_abort_then_all_committed(&f.reports, 3);
+}
+
+/// K6: a produce whose report its caller stopped waiting for may still land in the open
+/// transaction, and the caller may send it again (the runtime's copies try again after a
+/// timeout): the window aborts and is read again, as for a failed produce.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn k6_a_produce_given_up_before_its_report_aborts_the_window() {
+    let f = fresh("eos-given-up").await;
+    let gave_up = Arc::new(Mutex::new(None::<bool>));
+    let handler = {
+        let (output, gave_up) = (f.output.clone(), Arc::clone(&gave_up));
+        move |_d: Delivery, publisher: Publisher| {
+            let (output, gave_up) = (output.clone(), Arc::clone(&gave_up));
+            async move {
+                let send = publisher.to(&output).send_bytes("x");
+                if gave_up.lock().unwrap().is_none() {
+                    // 1 ms: the producer lingers 5 ms before it sends, so no report is
+                    // back yet. The handler acks anyway.
+                    let timed_out = tokio::time::timeout(Duration::from_millis(1), send)
+                        .await
+                        .is_err();
+                    *gave_up.lock().unwrap() = Some(timed_out);
+                } else {
+                    send.await.expect("produced");
+                }
+                HandlerOutcome::ack()
+            }
+        }
+    };
+    three_committed(&f, handler).await;
+    assert_eq!(
+        *gave_up.lock().unwrap(),
+        Some(true),
+        "the first produce was given up before its report"
+    );
+    one_abort_then_all_committed(&f.reports, 3);
+}
+
+/// A transactional pipeline (windows of 200 ms) over a fresh input and output topic.
+struct Fresh {
+    kafka: Kafka,
+    input: String,
+    output: String,
+    group: String,
+    pipeline: EosPipeline,
+    reports: Reports,
+}
+
+type Reports = Arc<Mutex<Vec<(WindowReport, Instant)>>>;
+
+async fn fresh(name: &str) -> Fresh {
+    let kafka = kafka().await;
+    let (input, output) = (
+        unique(&format!("{name}-in")),
+        unique(&format!("{name}-out")),
+    );
+    create_topic(&input, 1).await;
+    create_topic(&output, 1).await;
+    let pipeline =
+        EosPipeline::new(&kafka, unique("tx")).commit_interval(Duration::from_millis(200));
+    let reports = collect(&pipeline);
+    Fresh {
+        kafka,
+        input,
+        output,
+        group: unique("g"),
+        pipeline,
+        reports,
+    }
+}
+
+/// Runs `handler` over `f`'s input until 3 records produced to it are committed.
+async fn three_committed<H, Args>(f: &Fresh, handler: H)
+where
+    H: ruststream::Handler<Args>,
+    Args: 'static,
+{
     let app = start(App::new().register(on(
-        transactional(&kafka, &input, &group, &pipeline),
+        transactional(&f.kafka, &f.input, &f.group, &f.pipeline),
         handler,
     )))
     .await;
-    produce_numbered(&kafka, &input, 3).await;
-    committed_becomes(&group, &input, 0, 3, Duration::from_secs(60)).await;
+    produce_numbered(&f.kafka, &f.input, 3).await;
+    committed_becomes(&f.group, &f.input, 0, 3, Duration::from_secs(60)).await;
     app.stop().await;
+}
+
+/// The window holding the first record (and its bad produce) aborted, no window
+/// committed an input before it, and the records read again committed later, up to
+/// offset `end`.
+fn one_abort_then_all_committed(reports: &Reports, end: i64) {
     let reports = reports.lock().unwrap().clone();
     let first_abort = reports
         .iter()
         .position(|(r, _)| !r.committed)
-        .expect("the window with the failed produce aborted");
+        .expect("the window holding the first record aborted");
+    assert!(
+        reports[..first_abort]
+            .iter()
+            .all(|(r, _)| r.offsets.is_empty()),
+        "no window committed an input before the abort: {reports:?}"
+    );
     assert!(
         reports[first_abort + 1..]
             .iter()
-            .any(|(r, _)| r.committed && r.offsets.iter().any(|(_, _, o)| *o == 3)),
-        "the replayed records committed in a later window: {reports:?}"
+            .any(|(r, _)| r.committed && r.offsets.iter().any(|(_, _, o)| *o == end)),
+        "the records read again committed in a later window: {reports:?}"
     );
 }
 
